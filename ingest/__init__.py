@@ -1,0 +1,1 @@
+"""Ingest: validate batches and write them, exactly once, into the store."""

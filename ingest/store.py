@@ -1,0 +1,393 @@
+"""The store: the one module that owns ClickHouse clients.
+
+The store URL decides the engine: `chdb://PATH` (embedded, in this process) or
+`http(s)://user:password@host:port/database` (a ClickHouse server). Nothing outside this
+module knows which one is behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import clickhouse_connect
+import pyarrow as pa
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
+
+from ingest.migrations import LATEST_VERSION, LEDGER_TABLE, MIGRATIONS
+from ingest.validate import ValidatedBatch
+from tracehouse.model import Limits
+
+log = logging.getLogger(__name__)
+
+TABLES = ("samples", "events", "runs", "devices")
+_DATABASE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_CODE = re.compile(r"Code: (\d+)")
+
+# ClickHouse error codes that mean the user's SQL was refused, by what it asked for.
+_READONLY = {164, 497}  # READONLY, ACCESS_DENIED
+_TOO_LARGE = {158, 241, 396}  # TOO_MANY_ROWS, MEMORY_LIMIT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES
+_TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or failed; retrying later is safe."""
+
+
+class BatchConflict(StoreError):
+    """The batch_id was stored before with other content."""
+
+
+class SqlRejected(StoreError):
+    """User SQL refused by the engine; `reason` is readonly, timeout, too_large or invalid."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    engine: str  # "chdb" or "http"
+    dsn: str  # what clickhouse-connect is given
+    database: str
+    display: str  # the URL without its password, for logs and messages
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    duplicate: bool
+    rows: Mapping[str, int]
+
+
+def parse_store_url(url: str, database: str = "tracehouse") -> StoreLocation:
+    """`chdb://PATH` or `http(s)://user:password@host:port/database`; raises ValueError."""
+    if url.startswith("chdb://"):
+        path = url[len("chdb://") :]
+        if not path:
+            raise ValueError("store URL chdb:// needs a folder, e.g. chdb:///var/lib/tracehouse/store")
+        folder = Path(path).expanduser().resolve()
+        return StoreLocation("chdb", f"chdb://{folder}", database, f"chdb://{folder}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"store URL {_redact(url)!r}: use chdb://PATH or http(s)://user:password@host:port/database"
+        )
+    name = unquote(parts.path.strip("/")) or database
+    if not _DATABASE.fullmatch(name):
+        raise ValueError(f"store URL {_redact(url)!r}: {name!r} is not a database name")
+    return StoreLocation("http", url, name, _redact(url))
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = quote(parts.username or "")
+    return parts._replace(
+        netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    ).geturl()
+
+
+def _error_code(error: BaseException) -> int | None:
+    match = _CODE.search(str(error))
+    return int(match.group(1)) if match else None
+
+
+def _clean(error: BaseException) -> str:
+    text = str(error).strip()
+    start = text.find("DB::Exception:")
+    if start >= 0:
+        text = text[start + len("DB::Exception:") :].strip()
+    text = re.sub(r"^[\w.-]+: (?=Cannot execute)", "", text)  # engine user name prefix
+    return text.split("\n", 1)[0][:2000]
+
+
+class _ClientPool:
+    """A few clients shared by threads; a client that failed is closed and replaced,
+    since a failed query can leave unread data on its connection."""
+
+    def __init__(self, connect: Any, size: int) -> None:
+        self._connect = connect
+        self._idle: queue.LifoQueue[Client] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(size)
+        self._all: set[Client] = set()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[Client]:
+        with self._slots:
+            try:
+                client = self._idle.get_nowait()
+            except queue.Empty:
+                client = self._connect()
+                with self._lock:
+                    self._all.add(client)
+            try:
+                yield client
+            except BaseException:
+                self._discard(client)
+                raise
+            self._idle.put(client)
+
+    def _discard(self, client: Client) -> None:
+        with self._lock:
+            self._all.discard(client)
+        with contextlib.suppress(Exception):
+            client.close()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = list(self._all), set()
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+class Store:
+    """Connects, migrates, writes batches exactly once, and runs queries."""
+
+    def __init__(self, location: StoreLocation, limits: Limits, pool_size: int = 4) -> None:
+        self.location = location
+        self.limits = limits
+        self.db = f"`{location.database}`"
+        self._pool = _ClientPool(self._connect, pool_size)
+        self._in_flight: set[str] = set()
+        self._in_flight_changed = threading.Condition()
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, url: str, limits: Limits, database: str = "tracehouse") -> Store:
+        """Connect and migrate now; raises StoreUnavailable."""
+        store = cls(parse_store_url(url, database), limits)
+        try:
+            store.ensure_ready()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def ensure_ready(self) -> None:
+        """Migrate on first use; until that succeeds every call raises StoreUnavailable."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if not self._ready:
+                self.migrate()
+                self._ready = True
+
+    def _connect(self, settings: Mapping[str, Any] | None = None) -> Client:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+        if self.location.engine == "chdb":
+            Path(self.location.dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
+        try:
+            return clickhouse_connect.get_client(dsn=self.location.dsn, settings=dict(settings or {}))
+        except Exception as error:  # the drivers raise several unrelated types here
+            hint = ""
+            if self.location.engine == "chdb":
+                hint = (
+                    " (one process at a time may open an embedded store: is another tracehouse serve on it?)"
+                )
+            raise StoreUnavailable(
+                f"cannot reach the store {self.location.display}: {_clean(error)}{hint}"
+            ) from error
+
+    @contextlib.contextmanager
+    def _client(self, failure: type[StoreError] = StoreUnavailable) -> Iterator[Client]:
+        """A pooled client; a connection failure is StoreUnavailable, an engine error `failure`."""
+        try:
+            with self._pool.client() as client:
+                yield client
+        except OperationalError as error:
+            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
+        except ClickHouseError as error:
+            raise failure(f"store {self.location.display}: {_clean(error)}") from error
+
+    # -- schema -------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply every migration newer than the store's version; return the version."""
+        with self._client() as client:
+            client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
+            client.command(LEDGER_TABLE.format(db=self.db))
+            current = self._schema_version(client)
+            if current > LATEST_VERSION:
+                raise StoreUnavailable(
+                    f"store {self.location.display} has schema v{current}, newer than this tracehouse "
+                    f"(v{LATEST_VERSION}): upgrade tracehouse"
+                )
+            for migration in MIGRATIONS:
+                if migration.version <= current:
+                    continue
+                log.info("applying migration %d: %s", migration.version, migration.name)
+                for statement in migration.statements:
+                    client.command(statement.format(db=self.db))
+                client.command(
+                    f"INSERT INTO {self.db}.schema_migrations (version, name) VALUES "
+                    "({version:UInt32}, {name:String})",
+                    parameters={"version": migration.version, "name": migration.name},
+                )
+            return self._schema_version(client)
+
+    def schema_version(self) -> int:
+        with self._client() as client:
+            return self._schema_version(client)
+
+    def _schema_version(self, client: Client) -> int:
+        rows = client.query(f"SELECT max(version) FROM {self.db}.schema_migrations").result_rows
+        return int(rows[0][0] or 0)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def write(self, batch: ValidatedBatch, received_ns: int) -> WriteResult:
+        """Store the batch once. Safe to call again with the same batch after any failure."""
+        self.ensure_ready()
+        rows = batch.rows()
+        with self._exclusive(batch.batch_id), self._client() as client:
+            stored = self._ledger(client, batch.batch_id)
+            if stored is not None:
+                if stored != rows:
+                    raise BatchConflict(
+                        f"batch_id {batch.batch_id!r} was stored before with other content "
+                        f"({_describe(stored)}; this one has {_describe(rows)}): use a new batch_id"
+                    )
+                return WriteResult(duplicate=True, rows=rows)
+            for table in TABLES:
+                data = getattr(batch, table)
+                if data is not None:
+                    client.insert_arrow(
+                        f"{self.db}.{table}",
+                        data,
+                        settings={"insert_deduplication_token": f"{batch.batch_id}/{table}"},
+                    )
+            client.insert_arrow(
+                f"{self.db}.ingest_batches",
+                pa.table(
+                    {
+                        "batch_id": [batch.batch_id],
+                        "received": pa.array([received_ns], pa.timestamp("ns", tz="UTC")),
+                        **{table: pa.array([rows[table]], pa.uint32()) for table in TABLES},
+                    }
+                ),
+            )
+        return WriteResult(duplicate=False, rows=rows)
+
+    def _ledger(self, client: Client, batch_id: str) -> dict[str, int] | None:
+        found = client.query(
+            f"SELECT {', '.join(TABLES)} FROM {self.db}.ingest_batches "
+            "WHERE batch_id = {id:String} LIMIT 1",
+            parameters={"id": batch_id},
+        ).result_rows
+        return dict(zip(TABLES, (int(v) for v in found[0]), strict=True)) if found else None
+
+    @contextlib.contextmanager
+    def _exclusive(self, batch_id: str) -> Iterator[None]:
+        """Writes of one batch_id in this process happen one after another."""
+        with self._in_flight_changed:
+            while batch_id in self._in_flight:
+                self._in_flight_changed.wait()
+            self._in_flight.add(batch_id)
+        try:
+            yield
+        finally:
+            with self._in_flight_changed:
+                self._in_flight.discard(batch_id)
+                self._in_flight_changed.notify_all()
+
+    # -- reads --------------------------------------------------------------------------
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
+        """Run one of tracehouse's own queries; `{db}` in the text names the database."""
+        self.ensure_ready()
+        with self._client(failure=StoreError) as client:
+            return client.query_arrow(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
+
+    def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
+        """Run a user's SQL read-only under the engine's own enforcement and the limits.
+
+        Returns (Arrow IPC stream, rows, truncated). Each query gets a client of its own:
+        the engine keeps settings per session, and readonly must not leak to writers.
+        """
+        self.ensure_ready()
+        limits = self.limits
+        max_rows = min(max_rows or limits.sql_max_rows, limits.sql_max_rows)
+        settings = {
+            "max_execution_time": limits.sql_max_seconds,
+            "max_memory_usage": limits.sql_max_memory_bytes,
+            "max_result_rows": max_rows + 1,
+            "max_result_bytes": limits.sql_max_bytes,
+            "result_overflow_mode": "break",
+            "readonly": 1,  # last: once set, the session may change no other setting
+        }
+        started = time.monotonic()
+        client = self._connect(settings)
+        try:
+            client.database = self.location.database
+            data = client.raw_query(sql, fmt="ArrowStream")
+        except DatabaseError as error:
+            raise _sql_rejection(error, limits, started) from error
+        except ClickHouseError as error:
+            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+        if not data:
+            return data, 0, False
+        table = pa.ipc.open_stream(data).read_all()
+        if table.num_rows <= max_rows:
+            return data, table.num_rows, False
+        return ipc_bytes(table.slice(0, max_rows)), max_rows, True
+
+    def ping(self) -> bool:
+        try:
+            with self._client() as client:
+                return bool(client.ping())
+        except StoreError:
+            return False
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.close()
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def _describe(rows: Mapping[str, int]) -> str:
+    return ", ".join(f"{count} {table}" for table, count in rows.items() if count) or "no rows"
+
+
+def _sql_rejection(error: DatabaseError, limits: Limits, started: float) -> SqlRejected:
+    code = _error_code(error)
+    message = _clean(error)
+    if code in _READONLY:
+        return SqlRejected("readonly", f"read-only: SQL here may only read data ({message})")
+    if code in _TIMEOUT:
+        return SqlRejected(
+            "timeout",
+            f"query ran past the {limits.sql_max_seconds:g} s limit ({time.monotonic() - started:.1f} s)",
+        )
+    if code in _TOO_LARGE:
+        return SqlRejected("too_large", f"query exceeded a size limit: {message}")
+    return SqlRejected("invalid", message)

@@ -1,0 +1,270 @@
+"""Python client for the Query service: every answer is a pandas DataFrame.
+
+Times come back as `datetime64[ns, UTC]` columns; window bounds may be given as ns since
+the epoch, ISO-8601 text, `now-5m`, or datetime/Timestamp objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracehouse.config import default_server
+from tracehouse.timefmt import parse_time
+from tracehouse.v1 import query_pb2, query_pb2_grpc
+
+TimeLike = int | str | dt.datetime | pd.Timestamp
+EVENT_TIME_COLUMNS = ("start", "end")
+
+
+class QueryFailed(Exception):
+    """The server refused or could not answer; `code` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def to_ns(value: TimeLike) -> int:
+    if isinstance(value, pd.Timestamp):
+        stamp = value if value.tzinfo else value.tz_localize("UTC")
+        return int(stamp.value)
+    if isinstance(value, dt.datetime):
+        return to_ns(pd.Timestamp(value))
+    if isinstance(value, str):
+        return parse_time(value)
+    return int(value)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str | int):
+        return [value]
+    return list(value)
+
+
+def make_window(
+    run: str | None = None,
+    host: str | Sequence[str] | None = None,
+    gpu: int | Sequence[int] | None = None,
+    start: TimeLike | None = None,
+    end: TimeLike | None = None,
+) -> query_pb2.Window:
+    window = query_pb2.Window(run_id=run or "", hosts=_as_list(host), gpus=_as_list(gpu))
+    if start is not None:
+        window.from_ns = to_ns(start)
+    if end is not None:
+        window.to_ns = to_ns(end)
+    return window
+
+
+def _times(frame: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
+    for column in columns:
+        if column in frame:
+            frame[column] = pd.to_datetime(frame[column], unit="ns", utc=True)
+    return frame
+
+
+def arrow_table(message: query_pb2.Table) -> pa.Table:
+    if not message.arrow_ipc:
+        return pa.table({})
+    return pa.ipc.open_stream(message.arrow_ipc).read_all()
+
+
+class Client:
+    """A connection to `tracehouse serve`. Window keywords on every method: run, host,
+    gpu, start, end."""
+
+    def __init__(self, server: str | None = None, timeout: float = 60.0) -> None:
+        self.server = server or default_server()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            self.server, options=[("grpc.max_receive_message_length", 256 << 20)]
+        )
+        self._stub = query_pb2_grpc.QueryStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            code = error.code()
+            details = error.details() or ""
+            if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+                details = (
+                    f"no tracehouse server at {self.server} ({details}); start one with `tracehouse serve`"
+                )
+            raise QueryFailed(code, details) from None
+
+    def runs(self, host: str = "", source: str = "", name_contains: str = "", limit: int = 0) -> pd.DataFrame:
+        answer = self._call(
+            "ListRuns",
+            query_pb2.ListRunsRequest(host=host, source=source, name_contains=name_contains, limit=limit),
+        )
+        rows = [
+            {
+                "run_id": r.run_id,
+                "name": r.name,
+                "host": r.host,
+                "source": r.source,
+                "start": r.start,
+                "end": r.end if r.HasField("end") else None,
+                "relative_time": r.relative_time,
+                "tags": dict(r.tags),
+                "attrs": dict(r.attrs),
+            }
+            for r in answer.runs
+        ]
+        columns = ["run_id", "name", "host", "source", "start", "end", "relative_time", "tags", "attrs"]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame["end"] = frame["end"].astype("Int64")
+        return _times(frame, ("start", "end"))
+
+    def devices(self, host: str = "") -> pd.DataFrame:
+        answer = self._call("ListDevices", query_pb2.ListDevicesRequest(host=host))
+        columns = [
+            "host",
+            "gpu",
+            "uuid",
+            "name",
+            "memory_total",
+            "sm_count",
+            "driver",
+            "pci_bus_id",
+            "run_id",
+        ]
+        rows = [{**{c: getattr(d, c) for c in columns}, "attrs": dict(d.attrs)} for d in answer.devices]
+        return pd.DataFrame(rows, columns=[*columns, "attrs"])
+
+    def metrics(self, **window: Any) -> pd.DataFrame:
+        answer = self._call("ListMetrics", query_pb2.ListMetricsRequest(window=make_window(**window)))
+        columns = ["host", "gpu", "metric", "samples", "first_ns", "last_ns"]
+        frame = pd.DataFrame([{c: getattr(m, c) for c in columns} for m in answer.metrics], columns=columns)
+        frame = frame.rename(columns={"first_ns": "first", "last_ns": "last"})
+        return _times(frame, ("first", "last"))
+
+    def series(self, metrics: str | Sequence[str], max_points: int = 0, **window: Any) -> pd.DataFrame:
+        """One row per bucket: host, gpu, metric, bucket_start, min, avg, max, count."""
+        request = query_pb2.SeriesRequest(
+            window=make_window(**window), metrics=_as_list(metrics), max_points=max_points
+        )
+        answer = self._call("Series", request)
+        parts = [
+            pd.DataFrame(
+                {
+                    "host": s.host,
+                    "gpu": s.gpu,
+                    "metric": s.metric,
+                    "bucket_start": np.array(s.bucket_start, dtype=np.int64),
+                    "min": np.array(s.min),
+                    "avg": np.array(s.avg),
+                    "max": np.array(s.max),
+                    "count": np.array(s.count, dtype=np.uint64),
+                }
+            )
+            for s in answer.series
+        ]
+        columns = ["host", "gpu", "metric", "bucket_start", "min", "avg", "max", "count"]
+        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+        frame.attrs["bucket_ns"] = answer.bucket_ns
+        return _times(frame, ("bucket_start",))
+
+    def event_pages(
+        self, kinds: Sequence[str] = (), names: Sequence[str] = (), page_size: int = 0, **window: Any
+    ) -> Iterator[pd.DataFrame]:
+        """Every page of events overlapping the window, in (start, id) order."""
+        request = query_pb2.EventsRequest(
+            window=make_window(**window), kinds=_as_list(kinds), names=_as_list(names), page_size=page_size
+        )
+        while True:
+            answer = self._call("Events", request)
+            yield _events_frame(answer)
+            if not answer.next_page_token:
+                return
+            request.page_token = answer.next_page_token
+
+    def events(
+        self,
+        kinds: Sequence[str] = (),
+        names: Sequence[str] = (),
+        limit: int | None = None,
+        page_size: int = 0,
+        **window: Any,
+    ) -> pd.DataFrame:
+        """Events overlapping the window, up to `limit` rows (None: all)."""
+        frames: list[pd.DataFrame] = []
+        count = 0
+        for page in self.event_pages(kinds, names, page_size or min(limit or 10_000, 100_000), **window):
+            frames.append(page)
+            count += len(page)
+            if limit is not None and count >= limit:
+                break
+        frame = pd.concat(frames, ignore_index=True)
+        return frame if limit is None else frame.head(limit)
+
+    def summary(self, kind: str, limit: int = 0, **window: Any) -> pd.DataFrame:
+        """nsys-stats style summary: kind is kernels, api, memops or nvtx."""
+        answer = self._call(
+            "Summary", query_pb2.SummaryRequest(window=make_window(**window), kind=kind, limit=limit)
+        )
+        return arrow_table(answer).to_pandas()
+
+    def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
+        """Read-only SQL; returns the result and whether it was truncated at max_rows."""
+        answer = self._call("Sql", query_pb2.SqlRequest(sql=sql, max_rows=max_rows))
+        return arrow_table(answer), answer.truncated
+
+    def sql(self, sql: str, max_rows: int = 0) -> pd.DataFrame:
+        table, truncated = self.sql_arrow(sql, max_rows)
+        frame = table.to_pandas()
+        frame.attrs["truncated"] = truncated
+        return frame
+
+
+def _events_frame(answer: query_pb2.EventsResponse) -> pd.DataFrame:
+    columns = answer.events
+    strings = np.array(answer.dictionary, dtype=object)
+
+    def text(codes: Sequence[int]) -> Any:
+        return strings[np.array(codes, dtype=np.int64)] if len(codes) else np.array([], dtype=object)
+
+    extras: list[dict[str, str]] = [{} for _ in range(len(columns.start))]
+    for row, key, value in zip(columns.extra_row, columns.extra_key, columns.extra_value, strict=True):
+        extras[row][answer.dictionary[key]] = answer.dictionary[value]
+    frame = pd.DataFrame(
+        {
+            "run_id": text(columns.run),
+            "host": text(columns.host),
+            "kind": text(columns.kind),
+            "start": np.array(columns.start, dtype=np.int64),
+            "end": np.array(columns.end, dtype=np.int64),
+            "gpu": np.array(columns.gpu, dtype=np.int16),
+            "stream": np.array(columns.stream, dtype=np.int32),
+            "pid": np.array(columns.pid, dtype=np.uint32),
+            "tid": np.array(columns.tid, dtype=np.uint64),
+            "name": text(columns.name),
+            "correlation_id": np.array(columns.correlation_id, dtype=np.uint64),
+            "bytes": np.array(columns.bytes, dtype=np.uint64),
+            "depth": np.array(columns.depth, dtype=np.uint16),
+            "extras": extras,
+            "id": np.array(columns.id, dtype=np.uint64),
+        }
+    )
+    frame.insert(5, "duration_ns", frame["end"] - frame["start"])
+    return _times(frame, EVENT_TIME_COLUMNS)

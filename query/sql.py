@@ -1,0 +1,196 @@
+"""The SQL behind each question. Pure: text and bound parameters, no I/O."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Iterator, Sequence
+
+from query.window import Predicates, QueryError, ns
+from tracehouse.timefmt import NS_PER_S
+
+_SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def _round_widths(at_least: int) -> Iterator[int]:
+    """Round widths from at_least up: 1-2-5 below a second; 1, 2, 5, 10, 15, 30 s, 1, 2,
+    5, 10, 15, 30 min, 1, 2, 3, 6, 12 h; then whole days."""
+    if at_least < NS_PER_S:
+        exponent = 10 ** (len(str(at_least)) - 1)
+        while exponent < NS_PER_S:
+            for step in (1, 2, 5):
+                if step * exponent >= at_least:
+                    yield step * exponent
+            exponent *= 10
+    for seconds in _SECOND_STEPS:
+        if seconds * NS_PER_S >= at_least:
+            yield seconds * NS_PER_S
+    day = 86400 * NS_PER_S
+    days = max(1, math.ceil(at_least / day))
+    while True:
+        yield days * day
+        days += 1
+
+
+def aligned_buckets(start: int, end: int, width: int) -> int:
+    """How many buckets aligned to multiples of width meet [start, end)."""
+    return (end - 1) // width - start // width + 1
+
+
+def bucket_width(start: int, end: int, max_points: int) -> int:
+    """The smallest round width whose aligned buckets over [start, end) number at most max_points."""
+    at_least = max(1, math.ceil((end - start) / max_points))
+    for width in _round_widths(at_least):
+        if aligned_buckets(start, end, width) <= max_points:
+            return width
+    raise AssertionError("unreachable: widths grow without bound")
+
+
+def series_bounds(where: Predicates) -> tuple[str, dict[str, object]]:
+    sql = (
+        "SELECT toUnixTimestamp64Nano(min(ts)), toUnixTimestamp64Nano(max(ts)), count() "
+        f"FROM {{db}}.samples WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}"
+    )
+    return sql, where.params
+
+
+def series(where: Predicates, origin: int, width: int) -> tuple[str, dict[str, object]]:
+    sql = f"""
+SELECT host, gpu, metric,
+       {{origin:Int64}}
+           + intDiv(toUnixTimestamp64Nano(ts) - {{origin:Int64}}, {{width:Int64}}) * {{width:Int64}}
+           AS bucket_start,
+       min(value) AS min, avg(value) AS avg, max(value) AS max, count() AS count
+FROM {{db}}.samples
+WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}
+GROUP BY host, gpu, metric, bucket_start
+ORDER BY host, gpu, metric, bucket_start
+"""
+    return sql, {**where.params, "origin": origin, "width": width}
+
+
+def metrics(where: Predicates, limit: int) -> tuple[str, dict[str, object]]:
+    sql = f"""
+SELECT host, gpu, metric, count() AS samples,
+       toUnixTimestamp64Nano(min(ts)) AS first_ns, toUnixTimestamp64Nano(max(ts)) AS last_ns
+FROM {{db}}.samples WHERE {where.sql()}
+GROUP BY host, gpu, metric ORDER BY host, gpu, metric LIMIT {{limit:UInt32}}
+"""
+    return sql, {**where.params, "limit": limit}
+
+
+# Aliases never reuse a column's name: ClickHouse would substitute them into WHERE.
+EVENT_COLUMNS = (
+    "run_id, host, kind, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns, "
+    "gpu, stream, pid, tid, name, correlation_id, bytes, depth, extras, id"
+)
+
+
+def events(where: Predicates, page_size: int, after: tuple[int, int] | None) -> tuple[str, dict[str, object]]:
+    params: dict[str, object] = {**where.params, "limit": page_size + 1}
+    clauses = where.sql()
+    if after is not None:
+        clauses += f" AND (start, id) > ({ns('after_start')}, {{after_id:UInt64}})"
+        params.update(after_start=after[0], after_id=after[1])
+    sql = (
+        f"SELECT {EVENT_COLUMNS} FROM {{db}}.events WHERE {clauses} ORDER BY start, id LIMIT {{limit:UInt32}}"
+    )
+    return sql, params
+
+
+def page_token(start: int, event_id: int) -> str:
+    return base64.urlsafe_b64encode(f"{start}:{event_id}".encode()).decode()
+
+
+def parse_page_token(token: str) -> tuple[int, int] | None:
+    if not token:
+        return None
+    try:
+        start, event_id = base64.urlsafe_b64decode(token.encode()).decode().split(":")
+        return int(start), int(event_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise QueryError("page_token", "not a token this server gave out") from None
+
+
+# kind of summary -> (event kinds it covers, extra aggregate columns)
+SUMMARIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "kernels": (("kernel",), ""),
+    "api": (("cuda_api",), ""),
+    "memops": (("memcpy", "memset"), ", sum(bytes) AS total_bytes"),
+    "nvtx": (("nvtx",), ""),
+}
+
+
+def summary(where: Predicates, kind: str, limit: int) -> tuple[str, dict[str, object]]:
+    """nsys-stats style: per name, time share, total, count, avg, median, min, max, stddev."""
+    if kind not in SUMMARIES:
+        raise QueryError("kind", f"{kind!r} is not one of {', '.join(SUMMARIES)}")
+    kinds, extra = SUMMARIES[kind]
+    sql = f"""
+SELECT round(100 * total_ns / sum(total_ns) OVER (), 1) AS time_pct, total_ns, instances,
+       avg_ns, med_ns, min_ns, max_ns, stddev_ns{", total_bytes" if extra else ""}, name
+FROM (
+    SELECT name,
+           sum(d) AS total_ns, count() AS instances, avg(d) AS avg_ns,
+           quantileExactInclusive(0.5)(d) AS med_ns, min(d) AS min_ns, max(d) AS max_ns,
+           if(count() > 1, stddevSamp(d), 0) AS stddev_ns{extra}
+    FROM (
+        SELECT name, bytes, toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS d
+        FROM {{db}}.events
+        WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()}
+    )
+    GROUP BY name
+)
+ORDER BY total_ns DESC, name
+{"LIMIT {limit:UInt32}" if limit else ""}
+"""
+    return sql, {**where.params, "summary_kinds": list(kinds), "limit": limit}
+
+
+def runs(host: str, source: str, name_contains: str, limit: int) -> tuple[str, dict[str, object]]:
+    where = Predicates()
+    if host:
+        where.add("host = {host:String}", host=host)
+    if source:
+        where.add("source = {source:String}", source=source)
+    if name_contains:
+        where.add("positionCaseInsensitiveUTF8(name, {needle:String}) > 0", needle=name_contains)
+    sql = f"""
+SELECT run_id, name, host, source, toUnixTimestamp64Nano(start) AS start_ns,
+       toUnixTimestamp64Nano(end) AS end_ns, relative_time, tags, attrs
+FROM {{db}}.runs FINAL WHERE {where.sql()}
+ORDER BY start DESC, run_id LIMIT {{limit:UInt32}}
+"""
+    return sql, {**where.params, "limit": limit}
+
+
+def run_span() -> str:
+    return """
+SELECT host, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns, relative_time
+FROM {db}.runs FINAL WHERE run_id = {run_id:String} LIMIT 1
+"""
+
+
+def run_rows_exist() -> str:
+    return """
+SELECT 1 FROM (SELECT 1 FROM {db}.events WHERE run_id = {run_id:String} LIMIT 1
+               UNION ALL SELECT 1 FROM {db}.samples WHERE run_id = {run_id:String} LIMIT 1) LIMIT 1
+"""
+
+
+def devices(host: str, limit: int) -> tuple[str, dict[str, object]]:
+    clause = "host = {host:String}" if host else "1"
+    sql = f"""
+SELECT host, gpu, uuid, name, memory_total, sm_count, driver, pci_bus_id, run_id, attrs
+FROM {{db}}.devices FINAL WHERE {clause} ORDER BY host, gpu, uuid LIMIT {{limit:UInt32}}
+"""
+    return sql, {"host": host, "limit": limit}
+
+
+def kinds_filter(where: Predicates, kinds: Sequence[str], names: Sequence[str]) -> Predicates:
+    if kinds:
+        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+    if names:
+        where.add("name IN {names:Array(String)}", names=list(names))
+    return where

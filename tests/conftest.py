@@ -1,0 +1,64 @@
+"""Fixtures: a real chDB store in a temp folder and the real gRPC server on a loopback port."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ingest.store import Store
+from query.client import Client
+from tracehouse.model import DEFAULT_LIMITS, Limits
+from tracehouse.serve import Server, create_server
+from tracehouse.v1 import ingest_pb2_grpc
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+T0 = 1_790_000_000_000_000_000  # 2026-09-21T14:13:20Z
+
+
+@pytest.fixture
+def limits() -> Limits:
+    return DEFAULT_LIMITS
+
+
+@pytest.fixture
+def store(tmp_path: Path, limits: Limits) -> Iterator[Store]:
+    opened = Store.open(f"chdb://{tmp_path / 'store'}", limits)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def server(store: Store, limits: Limits) -> Iterator[Server]:
+    running = create_server(store, "127.0.0.1:0", limits)
+    yield running
+    running.stop(grace=5)
+
+
+@pytest.fixture
+def address(server: Server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+@pytest.fixture
+def channel(address: str) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 512 << 20)]) as opened:
+        yield opened
+
+
+@pytest.fixture
+def ingest(channel: grpc.Channel) -> ingest_pb2_grpc.IngestStub:
+    return ingest_pb2_grpc.IngestStub(channel)
+
+
+@pytest.fixture
+def client(address: str) -> Iterator[Client]:
+    with Client(address, timeout=30) as opened:
+        yield opened
+
+
+def small_limits(**changes: object) -> Limits:
+    return dataclasses.replace(DEFAULT_LIMITS, **changes)  # type: ignore[arg-type]

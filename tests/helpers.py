@@ -1,0 +1,56 @@
+"""Batches for tests, and a way to look at what the store holds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ingest.store import Store
+from tracehouse.batch import BatchBuilder
+from tracehouse.v1 import batch_pb2, ingest_pb2
+
+T0 = 1_790_000_000_000_000_000  # 2026-09-21T14:13:20Z
+MS = 1_000_000
+S = 1_000_000_000
+
+
+def telemetry(
+    batch_id: str, run_id: str = "run-a", host: str = "host-a", n: int = 100, t0: int = T0
+) -> BatchBuilder:
+    builder = BatchBuilder(batch_id, run_id=run_id, host=host)
+    ts = t0 + np.arange(n) * 100 * MS
+    for gpu in (0, 1):
+        builder.add_samples("gpu.util", ts, (np.arange(n) + gpu) % 100, gpu=gpu)
+        builder.add_samples("gpu.power_w", ts, np.full(n, 200.0 + gpu), gpu=gpu)
+    return builder
+
+
+def trace(batch_id: str, run_id: str = "run-a", host: str = "host-a", t0: int = T0) -> BatchBuilder:
+    builder = BatchBuilder(batch_id, run_id=run_id, host=host)
+    starts = t0 + np.arange(10) * 10 * MS
+    builder.add_events(
+        "kernel",
+        starts,
+        starts + np.arange(1, 11) * MS,
+        "gemm",
+        gpu=0,
+        stream=7,
+        correlation_id=np.arange(10),
+    )
+    builder.add_events("memcpy", starts[:3], starts[:3] + 2 * MS, "[CUDA memcpy HtoD]", gpu=0, bytes=1 << 20)
+    builder.add_events("nvtx", [t0], [t0 + S], "train_step", tid=42, extras=[{"color": "red"}])
+    builder.add_events("nvtx", [t0 + 500 * MS], [t0 + 500 * MS], "checkpoint", tid=42)  # an instant
+    return builder
+
+
+def request(batch: batch_pb2.Batch | BatchBuilder) -> ingest_pb2.WriteRequest:
+    if isinstance(batch, BatchBuilder):
+        batch = batch.build()
+    return ingest_pb2.WriteRequest(batch=batch)
+
+
+def counts(store: Store) -> dict[str, int]:
+    """Rows per table, read straight from the store."""
+    out = {}
+    for table in ("samples", "events", "runs", "devices", "ingest_batches"):
+        out[table] = int(store.query(f"SELECT count() AS n FROM {{db}}.{table}").column("n")[0].as_py())
+    return out

@@ -1,0 +1,248 @@
+"""Ingest over real gRPC into a real chDB store: exactly once, and bad batches refused whole."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+import pytest
+
+from ingest.store import Store
+from tests.helpers import MS, T0, counts, request, telemetry
+from tracehouse.batch import BatchBuilder
+from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.v1 import batch_pb2, ingest_pb2, ingest_pb2_grpc
+
+
+def test_write_then_read_back_once(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
+    batch = telemetry("b-1").add_run("run-a", host="host-a", source="agent", start=T0)
+    answer = ingest.Write(request(batch), timeout=30)
+    assert not answer.duplicate
+    assert (answer.samples, answer.events, answer.runs) == (400, 0, 1)
+    assert counts(store)["samples"] == 400
+    values = store.query(
+        "SELECT gpu, metric, toUnixTimestamp64Nano(ts) AS ts, value FROM {db}.samples "
+        "WHERE metric = 'gpu.util' ORDER BY gpu, ts"
+    )
+    assert values.column("ts").to_pylist()[:2] == [T0, T0 + 100 * MS]
+    assert values.column("value").to_pylist()[:3] == [0.0, 1.0, 2.0]
+    assert values.column("gpu").to_pylist()[100] == 1
+
+
+def test_same_batch_id_is_stored_once_whatever_the_retries(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    builder = telemetry("b-retry")
+    builder.add_events("kernel", [T0, T0 + MS], [T0 + MS, T0 + 2 * MS], "gemm", gpu=0)
+    batch = builder.build()
+    first = ingest.Write(request(batch), timeout=30)
+    assert not first.duplicate
+    for _ in range(3):
+        again = ingest.Write(request(batch), timeout=30)
+        assert again.duplicate
+        assert (again.samples, again.events) == (first.samples, first.events)
+    assert counts(store)["samples"] == 400
+    assert counts(store)["events"] == 2
+    assert counts(store)["ingest_batches"] == 1
+
+
+def test_concurrent_writes_of_one_batch_store_it_once(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    message = request(telemetry("b-race", n=2000))
+    answers: list[ingest_pb2.WriteResponse] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(ingest.Write(message, timeout=60))) for _ in range(6)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(a.duplicate for a in answers) == [False] + [True] * 5
+    assert counts(store)["samples"] == 8000
+
+
+def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    builder = telemetry("b-partial")
+    builder.add_events("kernel", [T0], [T0 + MS], "k")
+    message = request(builder)
+    # the samples reached the store, then the server died before the events and the ledger
+    from ingest.validate import validate_batch
+
+    validated = validate_batch(message.batch, DEFAULT_LIMITS, T0)
+    with store._client() as raw:
+        raw.insert_arrow(
+            f"{store.db}.samples",
+            validated.samples,
+            settings={"insert_deduplication_token": "b-partial/samples"},
+        )
+    assert counts(store)["samples"] == 400
+    answer = ingest.Write(message, timeout=30)
+    assert not answer.duplicate
+    assert counts(store)["samples"] == 400
+    assert counts(store)["events"] == 1
+
+
+def test_same_batch_id_with_other_content_is_refused(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    ingest.Write(request(telemetry("b-x", n=10)), timeout=30)
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(request(telemetry("b-x", n=20)), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "b-x" in caught.value.details()
+    assert counts(store)["samples"] == 40
+
+
+def _samples(**columns: list) -> batch_pb2.Batch:  # type: ignore[type-arg]
+    batch = batch_pb2.Batch(batch_id="bad", run_id="r", host="h", dictionary=["gpu.util", "x" * 300])
+    base = {"ts": [T0, T0 + 1], "metric": [0, 0], "value": [1.0, 2.0]}
+    base.update(columns)
+    for name, values in base.items():
+        getattr(batch.samples, name).extend(values)
+    return batch
+
+
+def _events(**columns: list) -> batch_pb2.Batch:  # type: ignore[type-arg]
+    batch = batch_pb2.Batch(batch_id="bad", run_id="r", host="h", dictionary=["kernel", "gemm", "bogus"])
+    base = {"kind": [0, 0], "start": [T0, T0 + 10], "end": [T0 + 5, T0 + 20], "name": [1, 1]}
+    base.update(columns)
+    for name, values in base.items():
+        getattr(batch.events, name).extend(values)
+    return batch
+
+
+def _with(
+    make: Callable[[], batch_pb2.Batch], change: Callable[[batch_pb2.Batch], object]
+) -> batch_pb2.Batch:
+    batch = make()
+    change(batch)
+    return batch
+
+
+BAD_BATCHES = {
+    "samples value length mismatch": (_samples(value=[1.0]), "samples.value"),
+    "samples metric length mismatch": (_samples(metric=[0, 0, 0]), "samples.metric"),
+    "optional gpu column half full": (_samples(gpu=[0]), "samples.gpu"),
+    "metric outside the dictionary": (_samples(metric=[0, 9]), "samples.metric[1]"),
+    "metric name too long": (_samples(metric=[0, 1]), "samples.metric"),
+    "timestamp before 1970": (_samples(ts=[T0, -5]), "samples.ts[1]"),
+    "NaN value": (_samples(value=[1.0, float("nan")]), "samples.value[1]"),
+    "infinite value": (_samples(value=[float("inf"), 1.0]), "samples.value[0]"),
+    "gpu index out of range": (_samples(gpu=[0, 99999]), "samples.gpu[1]"),
+    "end before start": (_events(end=[T0 + 5, T0 + 1]), "events.end[1]"),
+    "unknown kind": (_events(kind=[0, 2]), "events.kind"),
+    "events length mismatch": (_events(name=[1]), "events.name"),
+    "extras row that does not exist": (
+        _events(extra_row=[5], extra_key=[1], extra_value=[1]),
+        "events.extra_row[0]",
+    ),
+    "server-set id in a write": (_events(id=[1, 2]), "events.id"),
+    "no batch id": (_with(_samples, lambda b: setattr(b, "batch_id", "")), "batch.batch_id"),
+    "batch id with spaces": (_with(_samples, lambda b: setattr(b, "batch_id", "a b")), "batch.batch_id"),
+    "no run for samples": (_with(_samples, lambda b: setattr(b, "run_id", "")), "samples.run"),
+    "string over the limit": (
+        _with(_samples, lambda b: b.dictionary.append("y" * (DEFAULT_LIMITS.max_string_bytes + 1))),
+        "batch.dictionary[2]",
+    ),
+    "empty batch": (batch_pb2.Batch(batch_id="bad"), "batch"),
+    "unknown run source": (
+        _with(_samples, lambda b: b.runs.add(run_id="r", source="martian")),
+        "runs[0].source",
+    ),
+    "run ends before it starts": (
+        _with(_samples, lambda b: b.runs.add(run_id="r", source="user", start=T0, end=T0 - 1)),
+        "runs[0].end",
+    ),
+    "device without host": (_with(_samples, lambda b: b.devices.add(gpu=0)), "devices[0].host"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_bad_batch_is_refused_whole_and_the_server_stays_up(
+    case: str, ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    batch, field = BAD_BATCHES[case]
+    before = counts(store)
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(ingest_pb2.WriteRequest(batch=batch), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(field), caught.value.details()
+    assert counts(store) == before, "nothing of a refused batch is stored"
+    assert not ingest.Write(request(telemetry(f"good-after-{len(case)}", n=5)), timeout=30).duplicate
+
+
+def test_bad_rows_after_good_ones_store_nothing(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
+    builder = telemetry("mixed")  # 400 good samples
+    builder.add_events("kernel", [T0, T0 + 10], [T0 + 5, T0 + 1], "k")  # the second ends before it starts
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(request(builder), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert counts(store)["samples"] == 0
+    assert counts(store)["ingest_batches"] == 0
+
+
+def test_nan_timestamps_are_refused_by_the_encoder() -> None:
+    with pytest.raises(ValueError, match=r"samples.ts\[1\]"):
+        BatchBuilder("b").add_samples("m", np.array([1.0, np.nan]), [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"events.end\[0\]"):
+        BatchBuilder("b").add_events("kernel", [1.0], [np.inf], "k")
+
+
+def test_malformed_bytes_are_invalid_argument(channel: grpc.Channel, store: Store) -> None:
+    raw = channel.unary_unary(
+        "/tracehouse.v1.Ingest/Write", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        raw(b"\xff\xff\xff\xff not protobuf", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tracehouse.v1.WriteRequest" in caught.value.details()
+
+
+def test_oversized_message_is_refused_naming_the_limit(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    batch = batch_pb2.Batch(batch_id="huge", run_id="r", host="h")
+    batch.dictionary.extend(["x" * 60_000] * 1200)  # ~72 MB, over the 64 MiB batch limit
+    batch.samples.ts.append(T0)
+    batch.samples.metric.append(0)
+    batch.samples.value.append(1.0)
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(ingest_pb2.WriteRequest(batch=batch), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "limit" in caught.value.details()
+    assert counts(store)["samples"] == 0
+    assert not ingest.Write(request(telemetry("after-huge", n=3)), timeout=30).duplicate
+
+
+def test_too_many_rows_in_one_batch(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
+    n = DEFAULT_LIMITS.max_rows_per_table + 1
+    batch = batch_pb2.Batch(batch_id="rows", run_id="r", host="h", dictionary=["m"])
+    batch.samples.ts.extend(np.full(n, T0).tolist())
+    batch.samples.metric.extend([0] * n)
+    batch.samples.value.extend([0.0] * n)
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(ingest_pb2.WriteRequest(batch=batch), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("samples:")
+
+
+def test_run_and_device_descriptions_replace_earlier_ones(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    opened = BatchBuilder("run-open").add_run("run-z", name="z", host="h", source="agent", start=T0)
+    opened.add_device("h", 0, uuid="GPU-0", name="old name")
+    ingest.Write(request(opened), timeout=30)
+    closed = BatchBuilder("run-closed").add_run(
+        "run-z", name="z", host="h", source="agent", start=T0, end=T0 + 5
+    )
+    closed.add_device("h", 0, uuid="GPU-0", name="new name")
+    ingest.Write(request(closed), timeout=30)
+    runs = store.query("SELECT toUnixTimestamp64Nano(end) AS end FROM {db}.runs FINAL WHERE run_id = 'run-z'")
+    assert runs.column("end").to_pylist() == [T0 + 5]
+    devices = store.query("SELECT name FROM {db}.devices FINAL")
+    assert devices.column("name").to_pylist() == ["new name"]

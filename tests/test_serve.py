@@ -1,0 +1,153 @@
+"""`tracehouse serve` as its users run it: a subprocess, stopped by a signal."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from query.client import Client
+from tests.helpers import request, telemetry
+from tracehouse.v1 import ingest_pb2_grpc
+
+LISTENING = re.compile(r"listening on [\d.]+:(\d+)")
+
+
+@contextmanager
+def serve(*args: str, home: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """Start `tracehouse serve` on a free port; yield (process, address, log lines so far)."""
+    env = {**os.environ, "TRACEHOUSE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    lines: list[str] = []
+    port = None
+    deadline = time.monotonic() + 60
+    while port is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = LISTENING.search(line)
+        port = found.group(1) if found else None
+    assert port, "server did not start:\n" + "".join(lines)
+    drain = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    try:
+        yield process, f"127.0.0.1:{port}", lines
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        drain.join(timeout=5)
+
+
+def health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status)
+
+
+def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    requests = [request(telemetry(f"flight-{w}-{i}", n=5000)) for w in range(4) for i in range(40)]
+    acknowledged: list[str] = []
+    after_signal: list[str] = []
+    signalled = threading.Event()
+    refused: list[grpc.StatusCode] = []
+    with serve(home=tmp_path) as (process, address, _):
+        assert health(address) == health_pb2.HealthCheckResponse.SERVING
+
+        def writer(worker: int) -> None:
+            with grpc.insecure_channel(address) as channel:
+                stub = ingest_pb2_grpc.IngestStub(channel)
+                for message in requests[worker::4]:
+                    try:
+                        stub.Write(message, timeout=60)
+                    except grpc.RpcError as error:
+                        refused.append(error.code())
+                        return
+                    (after_signal if signalled.is_set() else acknowledged).append(message.batch.batch_id)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for thread in threads:
+            thread.start()
+        while len(acknowledged) < 8:
+            time.sleep(0.01)
+        signalled.set()
+        process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=120)
+        assert process.wait(timeout=60) == 0
+    assert after_signal, "calls in flight when the signal came were finished and acknowledged"
+    assert set(refused) <= {grpc.StatusCode.UNAVAILABLE}
+    stored_ids = set(acknowledged) | set(after_signal)
+    with serve(home=tmp_path) as (_, address, _), Client(address) as client:
+        batches = client.sql("SELECT batch_id, samples FROM ingest_batches")
+        samples = int(client.sql("SELECT count() AS n FROM samples")["n"][0])
+    assert stored_ids <= set(batches["batch_id"]), "every acknowledged batch is in the store"
+    assert samples == batches["samples"].sum() == 20_000 * len(batches), "no batch is half-stored"
+
+
+def test_unreachable_store_answers_unavailable_and_logs_no_secret(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    url = f"http://writer:s3cr3t-pw@127.0.0.1:{closed_port}/tracehouse"
+    with serve("--store", url, home=tmp_path) as (process, address, lines):
+        assert health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
+            ingest_pb2_grpc.IngestStub(channel).Write(request(telemetry("lost")), timeout=60)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "cannot reach the store" in caught.value.details()
+        assert "s3cr3t-pw" not in caught.value.details()
+        with Client(address) as client, pytest.raises(Exception, match="UNAVAILABLE"):
+            client.runs()
+        assert process.poll() is None, "the server stays up"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    assert "s3cr3t-pw" not in "".join(lines)
+
+
+def test_second_server_on_one_embedded_store_says_why(tmp_path: Path) -> None:
+    with serve(home=tmp_path):
+        second = subprocess.run(
+            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0"],
+            env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert second.returncode == 1
+    assert "another tracehouse serve" in second.stderr
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+            env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr

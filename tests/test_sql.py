@@ -1,0 +1,102 @@
+"""Read-only SQL: the engine's own enforcement, limits on time and size, writes unharmed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ingest.store import Store
+from query.client import Client, QueryFailed
+from tests.conftest import small_limits
+from tests.helpers import counts, request, telemetry
+from tracehouse.model import Limits
+from tracehouse.v1 import ingest_pb2_grpc
+
+
+@pytest.fixture
+def limits() -> Limits:
+    return small_limits(sql_max_seconds=1.5, sql_max_rows=1000)
+
+
+@pytest.fixture
+def loaded(ingest: ingest_pb2_grpc.IngestStub) -> Iterator[None]:
+    ingest.Write(request(telemetry("sql-1")), timeout=30)
+    yield
+
+
+def test_select_returns_a_typed_table(client: Client, loaded: None) -> None:
+    frame = client.sql(
+        "SELECT gpu, metric, count() AS n, max(ts) AS last FROM samples GROUP BY gpu, metric ORDER BY 1, 2"
+    )
+    assert frame.to_dict("list") | {"last": None} == {
+        "gpu": [0, 0, 1, 1],
+        "metric": ["gpu.power_w", "gpu.util", "gpu.power_w", "gpu.util"],
+        "n": [100, 100, 100, 100],
+        "last": None,
+    }
+    assert str(frame["last"].dtype).startswith("datetime64[ns")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DROP TABLE samples",
+        "INSERT INTO samples SELECT * FROM samples",
+        "ALTER TABLE samples DELETE WHERE 1",
+        "TRUNCATE TABLE events",
+        "CREATE TABLE x (a Int32) ENGINE = Memory",
+        "SELECT * FROM file('/etc/passwd', 'LineAsString')",
+        "SELECT 1 SETTINGS max_execution_time = 1000",
+        "SELECT 1; DROP TABLE samples",
+    ],
+)
+def test_anything_but_reading_is_refused_and_writes_keep_working(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub, store: Store, loaded: None, statement: str
+) -> None:
+    before = counts(store)
+    with pytest.raises(QueryFailed) as caught:
+        client.sql(statement)
+    assert caught.value.code.name == "PERMISSION_DENIED"
+    assert "read-only" in caught.value.message
+    assert counts(store) == before
+    assert not ingest.Write(request(telemetry("sql-after", n=10)), timeout=30).duplicate
+    assert counts(store)["samples"] == before["samples"] + 40
+
+
+def test_set_is_refused_and_changes_nothing(client: Client) -> None:
+    with pytest.raises(QueryFailed):
+        client.sql("SET readonly = 0")
+    with pytest.raises(QueryFailed) as caught:
+        client.sql("DROP TABLE samples")
+    assert caught.value.code.name == "PERMISSION_DENIED"
+
+
+def test_time_limit(client: Client) -> None:
+    with pytest.raises(QueryFailed) as caught:
+        client.sql("SELECT count() FROM numbers(100000000000)")
+    assert caught.value.code.name == "DEADLINE_EXCEEDED"
+    assert "1.5 s limit" in caught.value.message
+
+
+def test_result_is_truncated_at_max_rows(client: Client) -> None:
+    frame = client.sql("SELECT number FROM numbers(100000)")
+    assert len(frame) == 1000 and frame.attrs["truncated"]
+    frame = client.sql("SELECT number FROM numbers(100000)", max_rows=10)
+    assert list(frame["number"]) == list(range(10)) and frame.attrs["truncated"]
+    frame = client.sql("SELECT number FROM numbers(10)")
+    assert len(frame) == 10 and not frame.attrs["truncated"]
+
+
+def test_syntax_errors_and_unknown_tables_are_invalid_argument(client: Client) -> None:
+    for text, needle in (("SELEKT 1", "Syntax error"), ("SELECT * FROM nope", "nope")):
+        with pytest.raises(QueryFailed) as caught:
+            client.sql(text)
+        assert caught.value.code.name == "INVALID_ARGUMENT"
+        assert needle in caught.value.message
+
+
+def test_empty_sql_is_refused(client: Client) -> None:
+    with pytest.raises(QueryFailed) as caught:
+        client.sql("   ")
+    assert caught.value.code.name == "INVALID_ARGUMENT" and caught.value.message.startswith("sql")

@@ -1,0 +1,184 @@
+"""Build columnar `Batch` messages from arrays: the sender's side of the wire protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tracehouse.model import NO_GPU, NO_STREAM
+from tracehouse.v1 import batch_pb2
+
+ArrayLike = npt.ArrayLike
+
+# optional event columns and the value a row takes when it has none
+EVENT_OPTIONAL_COLUMNS = {
+    "gpu": NO_GPU,
+    "stream": NO_STREAM,
+    "pid": 0,
+    "tid": 0,
+    "correlation_id": 0,
+    "bytes": 0,
+    "depth": 0,
+}
+
+
+def as_ns(values: ArrayLike, column: str) -> npt.NDArray[np.int64]:
+    """Timestamps as int64 ns; floats must be finite and whole. Raises ValueError naming the column."""
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            raise ValueError(f"{column}[{bad[0]}]: {array[bad[0]]} is not a time (NaN or infinite)")
+        if np.any(array != np.floor(array)):
+            raise ValueError(f"{column}: times are integer nanoseconds; got fractions")
+    elif array.dtype.kind == "M":
+        array = array.astype("datetime64[ns]").view(np.int64)
+    elif array.size and array.dtype.kind not in "iu":
+        raise ValueError(f"{column}: times are integer nanoseconds, not {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+@dataclass
+class _Dictionary:
+    strings: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+
+    def code(self, value: str) -> int:
+        found = self.index.get(value)
+        if found is None:
+            found = self.index[value] = len(self.strings)
+            self.strings.append(value)
+        return found
+
+    def codes(self, values: str | Sequence[str], rows: int) -> list[int]:
+        if isinstance(values, str):
+            return [self.code(values)] * rows
+        if len(values) != rows:
+            raise ValueError(f"{len(values)} strings for {rows} rows")
+        return [self.code(v) for v in values]
+
+
+class BatchBuilder:
+    """Accumulates rows for one batch; `build()` returns the message.
+
+    String columns take one string (every row) or one per row.
+    """
+
+    def __init__(self, batch_id: str, run_id: str = "", host: str = "") -> None:
+        self._dictionary = _Dictionary()
+        self._batch = batch_pb2.Batch(batch_id=batch_id, run_id=run_id, host=host)
+
+    @property
+    def sample_rows(self) -> int:
+        return len(self._batch.samples.ts)
+
+    @property
+    def event_rows(self) -> int:
+        return len(self._batch.events.start)
+
+    def add_samples(
+        self,
+        metric: str | Sequence[str],
+        ts: ArrayLike,
+        value: ArrayLike,
+        gpu: int | ArrayLike | None = None,
+    ) -> BatchBuilder:
+        times = as_ns(ts, "samples.ts")
+        values = np.asarray(value, dtype=np.float64)
+        rows = times.size
+        if values.size != rows:
+            raise ValueError(f"samples.value: {values.size} values for {rows} timestamps")
+        columns = self._batch.samples
+        _fill_optional(columns.gpu, len(columns.ts), rows, gpu, NO_GPU)
+        columns.ts.extend(times.tolist())
+        columns.value.extend(values.tolist())
+        columns.metric.extend(self._dictionary.codes(metric, rows))
+        return self
+
+    def add_events(
+        self,
+        kind: str | Sequence[str],
+        start: ArrayLike,
+        end: ArrayLike,
+        name: str | Sequence[str],
+        extras: Sequence[Mapping[str, str]] | None = None,
+        **optional: int | ArrayLike,
+    ) -> BatchBuilder:
+        """Optional columns by keyword: gpu, stream, pid, tid, correlation_id, bytes, depth."""
+        starts = as_ns(start, "events.start")
+        ends = as_ns(end, "events.end")
+        rows = starts.size
+        if ends.size != rows:
+            raise ValueError(f"events.end: {ends.size} values for {rows} starts")
+        unknown = set(optional) - set(EVENT_OPTIONAL_COLUMNS)
+        if unknown:
+            raise ValueError(f"events: unknown columns {sorted(unknown)}")
+        columns = self._batch.events
+        first_row = len(columns.start)
+        for column, default in EVENT_OPTIONAL_COLUMNS.items():
+            _fill_optional(getattr(columns, column), first_row, rows, optional.get(column), default)
+        columns.start.extend(starts.tolist())
+        columns.end.extend(ends.tolist())
+        columns.kind.extend(self._dictionary.codes(kind, rows))
+        columns.name.extend(self._dictionary.codes(name, rows))
+        if extras is not None:
+            if len(extras) != rows:
+                raise ValueError(f"events.extras: {len(extras)} maps for {rows} rows")
+            for offset, mapping in enumerate(extras):
+                for key, val in mapping.items():
+                    columns.extra_row.append(first_row + offset)
+                    columns.extra_key.append(self._dictionary.code(key))
+                    columns.extra_value.append(self._dictionary.code(val))
+        return self
+
+    def add_run(
+        self,
+        run_id: str,
+        *,
+        name: str = "",
+        host: str = "",
+        source: str = "user",
+        start: int = 0,
+        end: int | None = None,
+        relative_time: bool = False,
+        tags: Mapping[str, str] | None = None,
+        attrs: Mapping[str, str] | None = None,
+    ) -> BatchBuilder:
+        run = self._batch.runs.add(
+            run_id=run_id, name=name, host=host, source=source, start=start, relative_time=relative_time
+        )
+        if end is not None:
+            run.end = end
+        run.tags.update(tags or {})
+        run.attrs.update(attrs or {})
+        return self
+
+    def add_device(self, host: str, gpu: int, **fields: object) -> BatchBuilder:
+        attrs = fields.pop("attrs", None)
+        device = self._batch.devices.add(host=host, gpu=gpu, **fields)
+        if isinstance(attrs, Mapping):
+            device.attrs.update(attrs)
+        return self
+
+    def build(self) -> batch_pb2.Batch:
+        del self._batch.dictionary[:]
+        self._batch.dictionary.extend(self._dictionary.strings)
+        return self._batch
+
+
+def _fill_optional(
+    target: Any, rows_before: int, rows: int, values: int | ArrayLike | None, default: int
+) -> None:
+    """Append `rows` values to an optional column, keeping it empty while no row has one
+    and back-filling the default once one does."""
+    if values is None:
+        if len(target):
+            target.extend([default] * rows)
+        return
+    if len(target) < rows_before:
+        target.extend([default] * (rows_before - len(target)))
+    target.extend(np.broadcast_to(np.asarray(values), (rows,)).tolist())

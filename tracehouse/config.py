@@ -1,0 +1,29 @@
+"""Where tracehouse keeps its files and what it talks to by default.
+
+Precedence everywhere: command-line option, then environment variable, then default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_HOME = "TRACEHOUSE_HOME"  # folder for the embedded store and the agent's spool
+ENV_SERVER = "TRACEHOUSE_SERVER"  # address of `tracehouse serve` for clients
+ENV_STORE = "TRACEHOUSE_STORE"  # store URL for `tracehouse serve`
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_SERVER = "127.0.0.1:50051"
+DEFAULT_HOME = Path("~/.local/share/tracehouse")
+
+
+def home() -> Path:
+    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser()
+
+
+def default_store_url() -> str:
+    return os.environ.get(ENV_STORE) or f"chdb://{home() / 'store'}"
+
+
+def default_server() -> str:
+    return os.environ.get(ENV_SERVER) or DEFAULT_SERVER

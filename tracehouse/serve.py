@@ -1,0 +1,213 @@
+"""`tracehouse serve`: the Ingest and Query services, health and reflection, in one gRPC server."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ingest.service import IngestService
+from ingest.store import BatchConflict, SqlRejected, Store, StoreError, StoreUnavailable, parse_store_url
+from ingest.validate import BatchError
+from query.service import QueryService
+from query.window import QueryError, RunNotFound
+from tracehouse.model import Limits
+from tracehouse.v1 import ingest_pb2, query_pb2
+
+log = logging.getLogger("tracehouse.serve")
+
+INGEST = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
+QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]
+# gRPC refuses bigger messages itself (RESOURCE_EXHAUSTED) before our code sees them; below
+# this, a request over its limit gets INVALID_ARGUMENT from us, naming the limit.
+TRANSPORT_MAX_BYTES = 256 << 20
+SQL_REJECTION_CODES = {
+    "readonly": grpc.StatusCode.PERMISSION_DENIED,
+    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """Map the packages' errors to a gRPC status and a message a person can act on."""
+    if isinstance(error, BatchError | QueryError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, RunNotFound):
+        return grpc.StatusCode.NOT_FOUND, str(error)
+    if isinstance(error, BatchConflict):
+        return grpc.StatusCode.ALREADY_EXISTS, str(error)
+    if isinstance(error, SqlRejected):
+        return SQL_REJECTION_CODES[error.reason], str(error)
+    if isinstance(error, StoreUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(error)
+    if isinstance(error, StoreError):
+        return grpc.StatusCode.INTERNAL, str(error)
+    log.exception("unexpected error", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); the server log has details"
+
+
+def _method_handler(
+    request_type: type[Message], behavior: Callable[[Any, Any], Any], max_request_bytes: int
+) -> grpc.RpcMethodHandler:
+    """Parse requests ourselves, so that a malformed or oversized one is INVALID_ARGUMENT
+    with a reason rather than an opaque deserialization failure."""
+    name = request_type.DESCRIPTOR.full_name
+
+    def unary(data: bytes, context: grpc.ServicerContext) -> Any:
+        if len(data) > max_request_bytes:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request: {len(data)} bytes; the limit is {max_request_bytes}: send smaller batches",
+            )
+        try:
+            request = request_type.FromString(data)
+        except DecodeError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {name}: {error}")
+        try:
+            return behavior(request, context)
+        except Exception as error:
+            code, message = status_for(error)
+            context.abort(code, message)
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary, request_deserializer=None, response_serializer=lambda response: response.SerializeToString()
+    )
+
+
+def add_service(
+    server: grpc.Server, service: ServiceDescriptor, servicer: Any, max_request_bytes: int
+) -> None:
+    handlers = {
+        method.name: _method_handler(
+            message_factory.GetMessageClass(method.input_type),
+            getattr(servicer, method.name),
+            max_request_bytes,
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+@dataclass
+class Server:
+    grpc_server: grpc.Server
+    port: int
+    health: health.HealthServicer
+
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", INGEST.full_name, QUERY.full_name):
+            self.health.set(service, status)
+
+    def stop(self, grace: float) -> None:
+        """Refuse new calls, let calls in flight finish (up to `grace` seconds)."""
+        self.health.enter_graceful_shutdown()
+        self.grpc_server.stop(grace).wait()
+
+
+def create_server(store: Store, listen: str, limits: Limits, workers: int = 16) -> Server:
+    """Build and start the server on `listen` (host:port; port 0 picks one)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+        options=[
+            ("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES),
+            ("grpc.max_send_message_length", TRANSPORT_MAX_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    add_service(server, INGEST, IngestService(store), limits.max_batch_bytes)
+    add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (INGEST.full_name, QUERY.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {listen}: {error}") from error
+    server.start()
+    running = Server(server, port, health_servicer)
+    running.set_serving(True)
+    return running
+
+
+def is_loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def _wait_for_store(store: Store, server: Server, stop: threading.Event) -> None:
+    delay = 1.0
+    while not stop.wait(delay):
+        try:
+            store.ensure_ready()
+        except StoreUnavailable as error:
+            log.warning("%s; retrying in %.0f s", error, delay)
+            delay = min(delay * 2, 30.0)
+            continue
+        log.info(
+            "store %s is reachable (schema v%d): serving", store.location.display, store.schema_version()
+        )
+        server.set_serving(True)
+        return
+
+
+def serve(
+    store_url: str,
+    listen: str,
+    limits: Limits,
+    grace: float = 30.0,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run until SIGINT or SIGTERM; then finish the calls in flight and close the store.
+
+    An embedded store that cannot be opened is fatal. A ClickHouse server that cannot be
+    reached is not: the health check says NOT_SERVING and calls get UNAVAILABLE until it is.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    store = Store(parse_store_url(store_url), limits)
+    try:
+        ready = True
+        try:
+            store.ensure_ready()
+        except StoreUnavailable as error:
+            if store.location.engine == "chdb":
+                raise
+            log.warning("%s: answering UNAVAILABLE until it is reachable", error)
+            ready = False
+        server = create_server(store, listen, limits)
+        server.set_serving(ready)
+        if not ready:
+            threading.Thread(target=_wait_for_store, args=(store, server, stop), daemon=True).start()
+        host = listen.rsplit(":", 1)[0]
+        if not is_loopback(listen):
+            log.warning(
+                "listening on %s without authentication: anyone who can reach it can read and write", host
+            )
+        log.info("tracehouse serve: listening on %s:%d, store %s", host, server.port, store.location.display)
+        if on_ready is not None:
+            on_ready(f"{host}:{server.port}")
+        stop.wait()
+        log.info("stopping: finishing calls in flight (up to %g s)", grace)
+        server.stop(grace)
+    finally:
+        store.close()
+    log.info("stopped")
+    return 0

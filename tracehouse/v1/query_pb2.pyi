@@ -1,0 +1,170 @@
+from tracehouse.v1 import batch_pb2 as _batch_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Window(_message.Message):
+    __slots__ = ("run_id", "hosts", "gpus", "from_ns", "to_ns")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FROM_NS_FIELD_NUMBER: _ClassVar[int]
+    TO_NS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    from_ns: int
+    to_ns: int
+    def __init__(self, run_id: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("host", "source", "name_contains", "limit")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    source: str
+    name_contains: str
+    limit: int
+    def __init__(self, host: _Optional[str] = ..., source: _Optional[str] = ..., name_contains: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_batch_pb2.Run]
+    def __init__(self, runs: _Optional[_Iterable[_Union[_batch_pb2.Run, _Mapping]]] = ...) -> None: ...
+
+class ListDevicesRequest(_message.Message):
+    __slots__ = ("host",)
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    def __init__(self, host: _Optional[str] = ...) -> None: ...
+
+class ListDevicesResponse(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[_batch_pb2.Device]
+    def __init__(self, devices: _Optional[_Iterable[_Union[_batch_pb2.Device, _Mapping]]] = ...) -> None: ...
+
+class ListMetricsRequest(_message.Message):
+    __slots__ = ("window",)
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ...) -> None: ...
+
+class MetricInfo(_message.Message):
+    __slots__ = ("host", "gpu", "metric", "samples", "first_ns", "last_ns")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_NS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    metric: str
+    samples: int
+    first_ns: int
+    last_ns: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., samples: _Optional[int] = ..., first_ns: _Optional[int] = ..., last_ns: _Optional[int] = ...) -> None: ...
+
+class ListMetricsResponse(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricInfo]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[MetricInfo, _Mapping]]] = ...) -> None: ...
+
+class SeriesRequest(_message.Message):
+    __slots__ = ("window", "metrics", "max_points")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    max_points: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., max_points: _Optional[int] = ...) -> None: ...
+
+class Series(_message.Message):
+    __slots__ = ("host", "gpu", "metric", "bucket_start", "min", "avg", "max", "count")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_START_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    AVG_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    metric: str
+    bucket_start: _containers.RepeatedScalarFieldContainer[int]
+    min: _containers.RepeatedScalarFieldContainer[float]
+    avg: _containers.RepeatedScalarFieldContainer[float]
+    max: _containers.RepeatedScalarFieldContainer[float]
+    count: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., bucket_start: _Optional[_Iterable[int]] = ..., min: _Optional[_Iterable[float]] = ..., avg: _Optional[_Iterable[float]] = ..., max: _Optional[_Iterable[float]] = ..., count: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SeriesResponse(_message.Message):
+    __slots__ = ("bucket_ns", "series")
+    BUCKET_NS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    bucket_ns: int
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    def __init__(self, bucket_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ...) -> None: ...
+
+class EventsRequest(_message.Message):
+    __slots__ = ("window", "kinds", "names", "page_size", "page_token")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    page_size: int
+    page_token: str
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., kinds: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class EventsResponse(_message.Message):
+    __slots__ = ("dictionary", "events", "next_page_token")
+    DICTIONARY_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    dictionary: _containers.RepeatedScalarFieldContainer[str]
+    events: _batch_pb2.EventColumns
+    next_page_token: str
+    def __init__(self, dictionary: _Optional[_Iterable[str]] = ..., events: _Optional[_Union[_batch_pb2.EventColumns, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SummaryRequest(_message.Message):
+    __slots__ = ("window", "kind", "limit")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    kind: str
+    limit: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., kind: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class SqlRequest(_message.Message):
+    __slots__ = ("sql", "max_rows")
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    max_rows: int
+    def __init__(self, sql: _Optional[str] = ..., max_rows: _Optional[int] = ...) -> None: ...
+
+class Table(_message.Message):
+    __slots__ = ("arrow_ipc", "rows", "truncated")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    rows: int
+    truncated: bool
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., rows: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
