@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS {{db}}.samples (
     run_id LowCardinality(String) COMMENT 'agent session or import the sample came with',
     host LowCardinality(String),
     gpu Int16 COMMENT 'GPU index on the host; -1 for series not tied to one GPU',
+    pid UInt32 COMMENT 'process the value is about; 0 for none',
     metric LowCardinality(String) COMMENT 'metric name; its unit is part of the name',
     ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'instant of the sample',
     value Float64 CODEC(Gorilla, ZSTD(1))

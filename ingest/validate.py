@@ -227,6 +227,7 @@ def _samples(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Ta
             "run_id": run,
             "host": host,
             "gpu": _gpus("samples.gpu", columns.gpu, rows, limits),
+            "pid": _optional("samples.pid", columns.pid, rows, 0, np.uint32),
             "metric": strings.column(metric),
             "ts": pa.array(ts, TIMESTAMP),
             "value": values,

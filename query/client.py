@@ -154,13 +154,13 @@ class Client:
 
     def metrics(self, **window: Any) -> pd.DataFrame:
         answer = self._call("ListMetrics", query_pb2.ListMetricsRequest(window=make_window(**window)))
-        columns = ["host", "gpu", "metric", "samples", "first_ns", "last_ns"]
+        columns = ["host", "gpu", "pid", "metric", "samples", "first_ns", "last_ns"]
         frame = pd.DataFrame([{c: getattr(m, c) for c in columns} for m in answer.metrics], columns=columns)
         frame = frame.rename(columns={"first_ns": "first", "last_ns": "last"})
         return _times(frame, ("first", "last"))
 
     def series(self, metrics: str | Sequence[str], max_points: int = 0, **window: Any) -> pd.DataFrame:
-        """One row per bucket: host, gpu, metric, bucket_start, min, avg, max, count."""
+        """One row per bucket: host, gpu, pid, metric, bucket_start, min, avg, max, count."""
         request = query_pb2.SeriesRequest(
             window=make_window(**window), metrics=_as_list(metrics), max_points=max_points
         )
@@ -170,6 +170,7 @@ class Client:
                 {
                     "host": s.host,
                     "gpu": s.gpu,
+                    "pid": s.pid,
                     "metric": s.metric,
                     "bucket_start": np.array(s.bucket_start, dtype=np.int64),
                     "min": np.array(s.min),
@@ -180,7 +181,7 @@ class Client:
             )
             for s in answer.series
         ]
-        columns = ["host", "gpu", "metric", "bucket_start", "min", "avg", "max", "count"]
+        columns = ["host", "gpu", "pid", "metric", "bucket_start", "min", "avg", "max", "count"]
         frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
         frame.attrs["bucket_ns"] = answer.bucket_ns
         return _times(frame, ("bucket_start",))

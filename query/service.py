@@ -128,7 +128,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         answer = query_pb2.SeriesResponse(bucket_ns=width)
         if table.num_rows == 0:
             return answer
-        keys = table.select(["host", "gpu", "metric"]).to_pylist()
+        keys = table.select(["host", "gpu", "pid", "metric"]).to_pylist()
         columns = {
             name: table.column(name).to_numpy() for name in ("bucket_start", "min", "avg", "max", "count")
         }

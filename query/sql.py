@@ -57,25 +57,25 @@ def series_bounds(where: Predicates) -> tuple[str, dict[str, object]]:
 
 def series(where: Predicates, origin: int, width: int) -> tuple[str, dict[str, object]]:
     sql = f"""
-SELECT host, gpu, metric,
+SELECT host, gpu, pid, metric,
        {{origin:Int64}}
            + intDiv(toUnixTimestamp64Nano(ts) - {{origin:Int64}}, {{width:Int64}}) * {{width:Int64}}
            AS bucket_start,
        min(value) AS min, avg(value) AS avg, max(value) AS max, count() AS count
 FROM {{db}}.samples
 WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}
-GROUP BY host, gpu, metric, bucket_start
-ORDER BY host, gpu, metric, bucket_start
+GROUP BY host, gpu, pid, metric, bucket_start
+ORDER BY host, gpu, pid, metric, bucket_start
 """
     return sql, {**where.params, "origin": origin, "width": width}
 
 
 def metrics(where: Predicates, limit: int) -> tuple[str, dict[str, object]]:
     sql = f"""
-SELECT host, gpu, metric, count() AS samples,
+SELECT host, gpu, pid, metric, count() AS samples,
        toUnixTimestamp64Nano(min(ts)) AS first_ns, toUnixTimestamp64Nano(max(ts)) AS last_ns
 FROM {{db}}.samples WHERE {where.sql()}
-GROUP BY host, gpu, metric ORDER BY host, gpu, metric LIMIT {{limit:UInt32}}
+GROUP BY host, gpu, pid, metric ORDER BY host, gpu, pid, metric LIMIT {{limit:UInt32}}
 """
     return sql, {**where.params, "limit": limit}
 

@@ -86,6 +86,7 @@ class BatchBuilder:
         ts: ArrayLike,
         value: ArrayLike,
         gpu: int | ArrayLike | None = None,
+        pid: int | ArrayLike | None = None,
     ) -> BatchBuilder:
         times = as_ns(ts, "samples.ts")
         values = np.asarray(value, dtype=np.float64)
@@ -94,6 +95,7 @@ class BatchBuilder:
             raise ValueError(f"samples.value: {values.size} values for {rows} timestamps")
         columns = self._batch.samples
         _fill_optional(columns.gpu, len(columns.ts), rows, gpu, NO_GPU)
+        _fill_optional(columns.pid, len(columns.ts), rows, pid, 0)
         columns.ts.extend(times.tolist())
         columns.value.extend(values.tolist())
         columns.metric.extend(self._dictionary.codes(metric, rows))

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tracehouse import __version__, config
@@ -23,6 +24,27 @@ def _time(text: str) -> int:
         return parse_time(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    number = text[:-1] if unit else text
+    if unit not in _SIZE_UNITS or not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M, G or T)")
+    return int(number) * _SIZE_UNITS[unit]
 
 
 def _positive(text: str) -> int:
@@ -60,6 +82,53 @@ def _add_serve(commands: Any) -> None:
     )
     up = commands.add_parser("up", help="run everything on this machine with the embedded store")
     up.add_argument("--listen", default=config.DEFAULT_LISTEN, help="host:port (default %(default)s)")
+
+
+def _add_agent(commands: Any) -> None:
+    agent = commands.add_parser("agent", help="sample GPUs and ship the samples to tracehouse serve")
+    agent.add_argument(
+        "--server",
+        default=None,
+        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
+    )
+    agent.add_argument(
+        "--interval", type=_seconds, default=0.1, help="seconds between samples (default %(default)s)"
+    )
+    agent.add_argument(
+        "--slow-interval",
+        type=_seconds,
+        default=1.0,
+        help="seconds between slow readings: PCIe, GPM, processes, host (default %(default)s)",
+    )
+    agent.add_argument(
+        "--simulate", type=_positive, metavar="N", help="sample N simulated GPUs instead of NVML"
+    )
+    agent.add_argument("--run", default="", metavar="NAME", help="name the run these samples belong to")
+    agent.add_argument("--host", default="", help="host name to record (default: this machine's)")
+    agent.add_argument(
+        "--spool",
+        type=Path,
+        default=None,
+        help="folder for batches the server could not take yet (default $TRACEHOUSE_HOME/spool)",
+    )
+    agent.add_argument(
+        "--spool-max-bytes",
+        type=_size,
+        default=1 << 30,
+        metavar="SIZE",
+        help="bound on the spool, e.g. 512M (default 1G); the oldest batches go first",
+    )
+    agent.add_argument(
+        "--flush-interval",
+        type=_seconds,
+        default=2.0,
+        help="seconds a batch stays open (default %(default)s)",
+    )
+    agent.add_argument("--duration", type=_seconds, default=None, metavar="S", help="stop after S seconds")
+    agent.add_argument(
+        "--token-file", type=Path, default=None, help="file holding a bearer token for the server"
+    )
+    agent.add_argument("--no-host-metrics", action="store_true", help="do not sample host CPU and memory")
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +200,10 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--batch-rows", type=_positive, default=100_000)
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
+    agent = sub.add_parser("agent", help="the agent's CPU share of one core, simulated GPUs at 10 Hz")
+    agent.add_argument("--gpus", type=_positive, default=8)
+    agent.add_argument("--interval", type=_seconds, default=0.1)
+    agent.add_argument("--seconds", type=_seconds, default=30.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
+    _add_agent(commands)
     _add_query(commands)
     _add_bench(commands)
     return parser
@@ -182,14 +256,51 @@ def run_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_banner(address: str) -> None:
-    print(
-        f"tracehouse is up: gRPC on {address}, embedded store in {config.home()}\n"
-        f"  tracehouse query runs --server {address}\n"
-        f"  tracehouse query sql 'SELECT count() FROM samples' --server {address}\n"
-        "Ctrl-C stops it.",
-        flush=True,
+def _read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        raise SystemExit(f"tracehouse: cannot read --token-file {path}: {error.strerror}") from None
+    if not token:
+        raise SystemExit(f"tracehouse: --token-file {path} is empty")
+    return token
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    import threading
+
+    from agent.daemon import Agent, AgentConfig, open_backend
+    from agent.gpu import BackendUnavailable
+
+    agent_config = AgentConfig(
+        server=args.server or config.default_server(),
+        spool=args.spool or config.default_spool(),
+        interval=args.interval,
+        slow_interval=args.slow_interval,
+        flush_interval=args.flush_interval,
+        spool_max_bytes=args.spool_max_bytes,
+        run_name=args.run,
+        host=args.host,
+        token=_read_token(args.token_file),
+        host_metrics=not args.no_host_metrics,
     )
+    try:
+        backend = open_backend(args.simulate)
+    except BackendUnavailable as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    agent = Agent(agent_config, backend)
+    agent.start()
+    stop.wait(args.duration)
+    print(json.dumps(agent.stop()), flush=True)
+    return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -197,17 +308,56 @@ def run_serve(args: argparse.Namespace) -> int:
     from tracehouse.serve import serve
 
     store = getattr(args, "store", None) or config.default_store_url()
+    up = UpAgent() if args.command == "up" else None
     try:
         return serve(
             store,
             args.listen,
             DEFAULT_LIMITS,
             getattr(args, "grace", 30.0),
-            on_ready=_up_banner if args.command == "up" else None,
+            on_ready=up.start if up else None,
+            on_stop=up.stop if up else None,
         )
     except (StoreUnavailable, OSError, ValueError) as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+
+
+class UpAgent:
+    """The agent that `tracehouse up` runs beside the server: NVML where there is a driver,
+    otherwise two simulated GPUs, with a notice."""
+
+    def __init__(self) -> None:
+        from agent.daemon import Agent
+
+        self.agent: Agent | None = None
+
+    def start(self, address: str) -> None:
+        from agent.daemon import Agent, AgentConfig, open_backend
+        from agent.gpu import BackendUnavailable
+
+        try:
+            backend = open_backend(None)
+            what = "NVML"
+        except BackendUnavailable as error:
+            print(f"tracehouse: {error}\ntracehouse: sampling 2 simulated GPUs instead", file=sys.stderr)
+            backend = open_backend(2)
+            what = "2 simulated GPUs"
+        self.agent = Agent(AgentConfig(server=address, spool=config.default_spool()), backend)
+        self.agent.start()
+        print(
+            f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}\n"
+            f"  tracehouse query runs --server {address}\n"
+            f"  tracehouse query series --metric gpu.util_pct --from -5m --server {address}\n"
+            "Ctrl-C stops it.",
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            import json
+
+            print(json.dumps(self.agent.stop()), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_query(args)
     if args.command in ("serve", "up"):
         return run_serve(args)
+    if args.command == "agent":
+        return run_agent(args)
     if args.command == "bench":
         from tracehouse import bench
 

@@ -25,5 +25,9 @@ def default_store_url() -> str:
     return os.environ.get(ENV_STORE) or f"chdb://{home() / 'store'}"
 
 
+def default_spool() -> Path:
+    return home() / "spool"
+
+
 def default_server() -> str:
     return os.environ.get(ENV_SERVER) or DEFAULT_SERVER

@@ -22,6 +22,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "phase",  # a phase of a training script (tracehouse's own API)
     "step",  # a training step
     "mark",  # an instant marker
+    "process",  # a process seen on a GPU: an instant when it appears and when it is gone
 )
 
 RUN_SOURCES: tuple[str, ...] = ("agent", "nsys", "kineto", "user")

@@ -173,6 +173,7 @@ def serve(
     limits: Limits,
     grace: float = 30.0,
     on_ready: Callable[[str], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> int:
     """Run until SIGINT or SIGTERM; then finish the calls in flight and close the store.
 
@@ -205,6 +206,8 @@ def serve(
         if on_ready is not None:
             on_ready(f"{host}:{server.port}")
         stop.wait()
+        if on_stop is not None:
+            on_stop()
         log.info("stopping: finishing calls in flight (up to %g s)", grace)
         server.stop(grace)
     finally:

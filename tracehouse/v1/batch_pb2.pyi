@@ -27,20 +27,22 @@ class Batch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., run_id: _Optional[str] = ..., host: _Optional[str] = ..., dictionary: _Optional[_Iterable[str]] = ..., samples: _Optional[_Union[SampleColumns, _Mapping]] = ..., events: _Optional[_Union[EventColumns, _Mapping]] = ..., runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
 
 class SampleColumns(_message.Message):
-    __slots__ = ("ts", "metric", "value", "gpu", "run", "host")
+    __slots__ = ("ts", "metric", "value", "gpu", "run", "host", "pid")
     TS_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     ts: _containers.RepeatedScalarFieldContainer[int]
     metric: _containers.RepeatedScalarFieldContainer[int]
     value: _containers.RepeatedScalarFieldContainer[float]
     gpu: _containers.RepeatedScalarFieldContainer[int]
     run: _containers.RepeatedScalarFieldContainer[int]
     host: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ts: _Optional[_Iterable[int]] = ..., metric: _Optional[_Iterable[int]] = ..., value: _Optional[_Iterable[float]] = ..., gpu: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ...) -> None: ...
+    pid: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ts: _Optional[_Iterable[int]] = ..., metric: _Optional[_Iterable[int]] = ..., value: _Optional[_Iterable[float]] = ..., gpu: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EventColumns(_message.Message):
     __slots__ = ("kind", "start", "end", "name", "gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "run", "host", "extra_row", "extra_key", "extra_value", "id")

@@ -58,20 +58,22 @@ class ListMetricsRequest(_message.Message):
     def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ...) -> None: ...
 
 class MetricInfo(_message.Message):
-    __slots__ = ("host", "gpu", "metric", "samples", "first_ns", "last_ns")
+    __slots__ = ("host", "gpu", "metric", "samples", "first_ns", "last_ns", "pid")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     FIRST_NS_FIELD_NUMBER: _ClassVar[int]
     LAST_NS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     metric: str
     samples: int
     first_ns: int
     last_ns: int
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., samples: _Optional[int] = ..., first_ns: _Optional[int] = ..., last_ns: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., samples: _Optional[int] = ..., first_ns: _Optional[int] = ..., last_ns: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class ListMetricsResponse(_message.Message):
     __slots__ = ("metrics",)
@@ -90,7 +92,7 @@ class SeriesRequest(_message.Message):
     def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class Series(_message.Message):
-    __slots__ = ("host", "gpu", "metric", "bucket_start", "min", "avg", "max", "count")
+    __slots__ = ("host", "gpu", "metric", "bucket_start", "min", "avg", "max", "count", "pid")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +101,7 @@ class Series(_message.Message):
     AVG_FIELD_NUMBER: _ClassVar[int]
     MAX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     metric: str
@@ -107,7 +110,8 @@ class Series(_message.Message):
     avg: _containers.RepeatedScalarFieldContainer[float]
     max: _containers.RepeatedScalarFieldContainer[float]
     count: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., bucket_start: _Optional[_Iterable[int]] = ..., min: _Optional[_Iterable[float]] = ..., avg: _Optional[_Iterable[float]] = ..., max: _Optional[_Iterable[float]] = ..., count: _Optional[_Iterable[int]] = ...) -> None: ...
+    pid: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., metric: _Optional[str] = ..., bucket_start: _Optional[_Iterable[int]] = ..., min: _Optional[_Iterable[float]] = ..., avg: _Optional[_Iterable[float]] = ..., max: _Optional[_Iterable[float]] = ..., count: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class SeriesResponse(_message.Message):
     __slots__ = ("bucket_ns", "series")

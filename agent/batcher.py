@@ -1,0 +1,122 @@
+"""Collects the sampler's readings and closes a batch by size or by age.
+
+Batch ids are `RUN_ID/SEQUENCE`: fixed when the batch is closed, so a batch re-sent after
+any failure, from memory or from the spool, is stored once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent.gpu import DeviceInfo
+from agent.spool import EncodedBatch
+from tracehouse.batch import BatchBuilder
+from tracehouse.v1 import ingest_pb2
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_id: str,
+        host: str,
+        emit: Callable[[EncodedBatch], None],
+        max_values: int = 50_000,
+        max_age: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_id = run_id
+        self.host = host
+        self._emit = emit
+        self._max_values = max_values
+        self._max_age = max_age
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._sequence = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ts: list[int] = []
+        self._metric: list[str] = []
+        self._value: list[float] = []
+        self._gpu: list[int] = []
+        self._pid: list[int] = []
+        self._events: list[dict[str, Any]] = []
+        self._runs: list[dict[str, Any]] = []
+        self._devices: list[DeviceInfo] = []
+        self._opened = self._monotonic()
+
+    def add(self, ts: int, gpu: int, values: Mapping[str, float], pid: int = 0) -> None:
+        """Readings of one GPU (or the host: gpu -1) at one instant."""
+        with self._lock:
+            count = len(values)
+            self._ts.extend([ts] * count)
+            self._gpu.extend([gpu] * count)
+            self._pid.extend([pid] * count)
+            self._metric.extend(values)
+            self._value.extend(values.values())
+            full = len(self._ts) >= self._max_values
+        if full:
+            self.flush()
+
+    def add_event(self, **event: Any) -> None:
+        """kind, start, end, name, and optional event columns or extras."""
+        with self._lock:
+            self._events.append(event)
+
+    def describe_run(self, **run: Any) -> None:
+        with self._lock:
+            self._runs.append(run)
+
+    def describe_devices(self, devices: list[DeviceInfo]) -> None:
+        with self._lock:
+            self._devices.extend(devices)
+
+    def due(self) -> bool:
+        return self._monotonic() - self._opened >= self._max_age
+
+    def flush(self) -> EncodedBatch | None:
+        """Close the open batch and hand it on; None when it was empty."""
+        with self._lock:
+            if not (self._ts or self._events or self._runs or self._devices):
+                self._opened = self._monotonic()
+                return None
+            self._sequence += 1
+            builder = BatchBuilder(f"{self.run_id}/{self._sequence:08d}", run_id=self.run_id, host=self.host)
+            values = len(self._ts)
+            if values:
+                builder.add_samples(self._metric, self._ts, self._value, gpu=self._gpu, pid=self._pid)
+            for event in self._events:
+                extras = event.pop("extras", None)
+                builder.add_events(
+                    event.pop("kind"),
+                    [event.pop("start")],
+                    [event.pop("end")],
+                    event.pop("name"),
+                    extras=[extras] if extras else None,
+                    **event,
+                )
+            for run in self._runs:
+                builder.add_run(**run)
+            for device in self._devices:
+                builder.add_device(
+                    self.host,
+                    device.index,
+                    uuid=device.uuid,
+                    name=device.name,
+                    memory_total=device.memory_total,
+                    sm_count=device.sm_count,
+                    driver=device.driver,
+                    pci_bus_id=device.pci_bus_id,
+                    run_id=self.run_id,
+                    attrs=dict(device.attrs),
+                )
+            batch = builder.build()
+            self._reset()
+        encoded = EncodedBatch(
+            batch.batch_id, ingest_pb2.WriteRequest(batch=batch).SerializeToString(), values
+        )
+        self._emit(encoded)
+        return encoded

@@ -1,0 +1,166 @@
+"""`tracehouse agent`: wire backend, sampler, batcher, shipper and spool; run until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.batcher import Batcher
+from agent.gpu import GpuBackend
+from agent.host import HostSampler
+from agent.sampler import Sampler
+from agent.schedule import run_fixed_rate
+from agent.shipper import Shipper
+from agent.spool import Spool
+from agent.stats import Stats
+
+log = logging.getLogger("tracehouse.agent")
+
+_NOT_IN_ID = re.compile(r"[^A-Za-z0-9._:-]+")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    server: str
+    spool: Path
+    interval: float = 0.1  # seconds between fast ticks
+    slow_interval: float = 1.0  # PCIe, GPM, processes, host metrics
+    flush_interval: float = 2.0  # a batch closes after this long...
+    flush_values: int = 50_000  # ...or with this many values
+    spool_max_bytes: int = 1 << 30
+    run_name: str = ""
+    host: str = ""
+    token: str | None = None
+    shutdown_timeout: float = 10.0  # time to ship what is pending when stopping
+    max_backoff: float = 30.0  # longest wait between tries while the server is away
+    host_metrics: bool = True
+
+
+def make_run_id(name: str, host: str, started_ns: int) -> str:
+    stamp = datetime.fromtimestamp(started_ns / 1e9, tz=UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    parts = [_NOT_IN_ID.sub("-", part).strip("-") for part in (name or "agent", host)]
+    return ".".join([*parts, stamp])[-128:].lstrip(".-")
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, backend: GpuBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.host = config.host or socket.gethostname()
+        self.started_ns = time.time_ns()
+        self.run_id = make_run_id(config.run_name, self.host, self.started_ns)
+        self.stats = Stats()
+        self.earlier_dropped = 0
+        self.spool = Spool(config.spool, config.spool_max_bytes, on_drop=self._dropped)
+        self.shipper = Shipper(
+            config.server,
+            self.spool,
+            on_stored=self._stored,
+            on_dropped=self._dropped,
+            token=config.token,
+            max_backoff=config.max_backoff,
+        )
+        self.batcher = Batcher(
+            self.run_id, self.host, self.shipper.submit, config.flush_values, config.flush_interval
+        )
+        self.sampler = Sampler(
+            backend, self.batcher, self.stats, HostSampler() if config.host_metrics else None
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._cpu_started = 0.0
+
+    def _mine(self, batch_id: str) -> bool:
+        return batch_id.startswith(f"{self.run_id}/")
+
+    def _stored(self, batch_id: str, values: int) -> None:
+        self.stats.add(**{"stored" if self._mine(batch_id) else "recovered": values})
+
+    def _dropped(self, batch_id: str, values: int) -> None:
+        if self._mine(batch_id):
+            self.stats.add(dropped=values)
+        else:
+            self.earlier_dropped += values
+
+    def _describe_run(self, end: int | None = None) -> None:
+        self.batcher.describe_run(
+            run_id=self.run_id,
+            name=self.config.run_name or f"agent on {self.host}",
+            host=self.host,
+            source="agent",
+            start=self.started_ns,
+            end=end,
+            attrs={
+                "backend": self.backend.name,
+                "interval_s": str(self.config.interval),
+                "gpus": str(len(self.backend.indices())),
+            },
+        )
+
+    def start(self) -> None:
+        log.info(
+            "agent %s: %d GPUs (%s) every %g s -> %s; spool %s",
+            self.run_id, len(self.backend.indices()), self.backend.name, self.config.interval,
+            self.config.server, self.config.spool,
+        )  # fmt: skip
+        if self.spool.batches:
+            log.info("spool holds %d batches from earlier: replaying them first", self.spool.batches)
+        self._cpu_started = time.process_time()
+        self._describe_run()
+        self.batcher.describe_devices(self.backend.devices())
+        for name, interval, tick in (
+            ("sampler", self.config.interval, self.sampler.fast_tick),
+            ("slow-sampler", self.config.slow_interval, self.sampler.slow_tick),
+        ):
+            thread = threading.Thread(
+                target=run_fixed_rate, args=(interval, self._stop, tick), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> dict[str, object]:
+        """Stop sampling, ship or spool everything, and return the counts."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        cpu_seconds = time.process_time() - self._cpu_started
+        self._describe_run(end=time.time_ns())
+        self.batcher.flush()
+        self.shipper.shutdown(self.config.shutdown_timeout)
+        self.backend.close()
+        counts = self.stats.snapshot()
+        report: dict[str, object] = {
+            "sampled": counts["sampled"],
+            "stored": counts["stored"],
+            "spooled": self.spool.values_of(f"{self.run_id}/"),
+            "dropped": counts["dropped"],
+            "invalid": counts["invalid"],
+            "missed_ticks": counts["missed_ticks"],
+            "recovered": counts["recovered"],
+            "earlier_dropped": self.earlier_dropped,
+            "run_id": self.run_id,
+            "cpu_seconds": round(cpu_seconds, 4),
+            "seconds": round((time.time_ns() - self.started_ns) / 1e9, 3),
+        }
+        if report["spooled"]:
+            log.warning(
+                "%d values wait in the spool %s for the next start", report["spooled"], self.spool.folder
+            )
+        return report
+
+
+def open_backend(simulate: int | None) -> GpuBackend:
+    """The simulated backend with `simulate` GPUs, or NVML (BackendUnavailable without a driver)."""
+    if simulate:
+        from agent.simulated import SimulatedBackend
+
+        return SimulatedBackend(simulate)
+    from agent.nvml import NvmlBackend
+
+    return NvmlBackend()
