@@ -13,15 +13,18 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agent.daemon import Agent, AgentConfig
 from agent.simulated import SimulatedBackend
+from agent.spool import Spool
 from ingest.store import Store
 from query.client import Client
 from tests.test_serve import serve
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import Server, create_server
+from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 
 def config(server: str, spool: Path, **changes: object) -> AgentConfig:
@@ -267,3 +270,36 @@ def test_up_runs_server_and_agent_and_stops_cleanly(tmp_path: Path) -> None:
     assert report["stored"] == report["sampled"] > 0 and report["dropped"] == 0
     assert set(util["gpu"]) == {0, 1} and util["count"].sum() > 0
     assert (tmp_path / "store").is_dir(), "the embedded store lives under TRACEHOUSE_HOME"
+
+
+def test_a_crashed_agents_spool_is_replayed_once_by_the_next(tmp_path: Path) -> None:
+    """kill -9 while the server is away: the next agent on the same spool replays what the
+    first one spooled, and a replay of a batch the server already had stores nothing twice."""
+
+    spool = tmp_path / "spool"
+    env = {**os.environ, "TRACEHOUSE_HOME": str(tmp_path)}
+    crashed = _agent_cli("--simulate", "2", "--server", f"127.0.0.1:{closed_port()}", "--spool", str(spool),
+                         "--flush-interval", "0.3", env=env)  # fmt: skip
+    time.sleep(3.0)
+    crashed.kill()
+    crashed.communicate(timeout=30)
+    left = Spool(spool, 1 << 30, on_drop=lambda *_: None)
+    waiting = left.values_of()
+    assert waiting > 0
+    oldest = left.oldest()
+    assert oldest is not None
+    with serve(home=tmp_path) as (_, address, _):
+        with grpc.insecure_channel(address) as channel:  # the server got this one before the crash
+            ingest_pb2_grpc.IngestStub(channel).Write(ingest_pb2.WriteRequest.FromString(oldest.payload))
+        replay = _agent_cli("--simulate", "1", "--server", address, "--spool", str(spool), "--duration", "1",
+                            env=env)  # fmt: skip
+        out, err = replay.communicate(timeout=60)
+        report = json.loads(out.strip().splitlines()[-1])
+        with Client(address) as client:
+            earlier = client.sql(
+                "SELECT count() AS n, uniqExact(gpu, metric, ts) AS u FROM samples "
+                f"WHERE run_id != '{report['run_id']}'"
+            ).iloc[0]
+    assert report["recovered"] == waiting, err
+    assert earlier["n"] == earlier["u"] == waiting
+    assert not list(spool.glob("*.batch"))
