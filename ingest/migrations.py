@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 # Window of recent inserts whose insert_deduplication_token ClickHouse remembers per table:
 # a retried insert of the same batch after a partial failure is stored once.
-DEDUP_WINDOW = 10_000
+DEDUP_WINDOW = 100_000
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ CREATE TABLE IF NOT EXISTS {{db}}.events (
     depth UInt16 COMMENT 'nesting level of ranges and ops',
     extras Map(LowCardinality(String), String) COMMENT 'display-only details',
     id UInt64 COMMENT 'unique per row, stable across re-sends of its batch',
+    launch_start Nullable(DateTime64(9, 'UTC')) COMMENT 'GPU work: start of the API call that launched it',
     INDEX end_minmax end TYPE minmax GRANULARITY 1
 ) ENGINE = MergeTree
 PARTITION BY toYYYYMM(start)
@@ -107,6 +108,7 @@ COMMENT 'intervals and instants from traces'
             """
 CREATE TABLE IF NOT EXISTS {db}.ingest_batches (
     batch_id String,
+    digest String COMMENT 'hash of the batch content: a batch_id re-used for other content is refused',
     received DateTime64(9, 'UTC'),
     samples UInt32,
     events UInt32,

@@ -38,6 +38,14 @@ _CODE = re.compile(r"Code: (\d+)")
 _READONLY = {164, 497}  # READONLY, ACCESS_DENIED
 _TOO_LARGE = {158, 241, 396}  # TOO_MANY_ROWS, MEMORY_LIMIT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES
 _TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
+_SYNTAX_ERROR = 62
+# Only the wording of an error depends on these: the engine and the subquery wrapping refuse.
+_NOT_A_QUERY = re.compile(
+    r"\b(INSERT|DROP|ALTER|TRUNCATE|CREATE|DELETE|UPDATE|RENAME|KILL|SYSTEM|OPTIMIZE|ATTACH|DETACH|GRANT|"
+    r"REVOKE|SET|USE|EXCHANGE|UNDROP|INTO\s+OUTFILE)\b",
+    re.IGNORECASE,
+)
+_COMMENTS = re.compile(r"(--[^\n]*|/\*.*?\*/)", re.DOTALL)
 
 
 class StoreError(Exception):
@@ -53,7 +61,7 @@ class BatchConflict(StoreError):
 
 
 class SqlRejected(StoreError):
-    """User SQL refused by the engine; `reason` is readonly, timeout, too_large or invalid."""
+    """User SQL refused by the engine; `reason` is readonly, too_large or invalid."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -139,14 +147,16 @@ class _ClientPool:
                     self._all.add(client)
             try:
                 yield client
-            except BaseException:
+            except ClickHouseError:
                 self._discard(client)
                 raise
-            self._idle.put(client)
+            finally:
+                if client in self._all:
+                    self._idle.put(client)
 
     def _discard(self, client: Client) -> None:
         with self._lock:
-            self._all.discard(client)
+            self._all.discard(client)  # not put back: the finally clause sees it gone
         with contextlib.suppress(Exception):
             client.close()
 
@@ -263,10 +273,11 @@ class Store:
         with self._exclusive(batch.batch_id), self._client() as client:
             stored = self._ledger(client, batch.batch_id)
             if stored is not None:
-                if stored != rows:
+                digest, counts = stored
+                if digest != batch.digest:
                     raise BatchConflict(
                         f"batch_id {batch.batch_id!r} was stored before with other content "
-                        f"({_describe(stored)}; this one has {_describe(rows)}): use a new batch_id"
+                        f"({_describe(counts)}; this one has {_describe(rows)}): use a new batch_id"
                     )
                 return WriteResult(duplicate=True, rows=rows)
             for table in TABLES:
@@ -282,6 +293,7 @@ class Store:
                 pa.table(
                     {
                         "batch_id": [batch.batch_id],
+                        "digest": [batch.digest],
                         "received": pa.array([received_ns], pa.timestamp("ns", tz="UTC")),
                         **{table: pa.array([rows[table]], pa.uint32()) for table in TABLES},
                     }
@@ -289,13 +301,16 @@ class Store:
             )
         return WriteResult(duplicate=False, rows=rows)
 
-    def _ledger(self, client: Client, batch_id: str) -> dict[str, int] | None:
+    def _ledger(self, client: Client, batch_id: str) -> tuple[str, dict[str, int]] | None:
         found = client.query(
-            f"SELECT {', '.join(TABLES)} FROM {self.db}.ingest_batches "
+            f"SELECT digest, {', '.join(TABLES)} FROM {self.db}.ingest_batches "
             "WHERE batch_id = {id:String} LIMIT 1",
             parameters={"id": batch_id},
         ).result_rows
-        return dict(zip(TABLES, (int(v) for v in found[0]), strict=True)) if found else None
+        if not found:
+            return None
+        digest, *counts = found[0]
+        return str(digest), dict(zip(TABLES, (int(v) for v in counts), strict=True))
 
     @contextlib.contextmanager
     def _exclusive(self, batch_id: str) -> Iterator[None]:
@@ -322,6 +337,8 @@ class Store:
     def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
         """Run a user's SQL read-only under the engine's own enforcement and the limits.
 
+        The text runs as a subquery, so that only a query can run: readonly=1 alone still
+        lets `INTO OUTFILE` write files and `KILL QUERY` stop other people's queries.
         Returns (Arrow IPC stream, rows, truncated). Each query gets a client of its own:
         the engine keeps settings per session, and readonly must not leak to writers.
         """
@@ -332,7 +349,9 @@ class Store:
             "max_execution_time": limits.sql_max_seconds,
             "max_memory_usage": limits.sql_max_memory_bytes,
             "max_result_rows": max_rows + 1,
-            "max_result_bytes": limits.sql_max_bytes,
+            # the engine stops past twice the limit; the cut to the limit is made here, so
+            # that a result cut for its size is known to be cut
+            "max_result_bytes": 2 * limits.sql_max_bytes,
             "result_overflow_mode": "break",
             "readonly": 1,  # last: once set, the session may change no other setting
         }
@@ -340,9 +359,9 @@ class Store:
         client = self._connect(settings)
         try:
             client.database = self.location.database
-            data = client.raw_query(sql, fmt="ArrowStream")
+            data = client.raw_query(f"SELECT * FROM (\n{sql.strip().rstrip(';')}\n)", fmt="ArrowStream")
         except DatabaseError as error:
-            raise _sql_rejection(error, limits, started) from error
+            raise _sql_rejection(error, sql, limits, started) from error
         except ClickHouseError as error:
             raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
         finally:
@@ -351,9 +370,12 @@ class Store:
         if not data:
             return data, 0, False
         table = pa.ipc.open_stream(data).read_all()
-        if table.num_rows <= max_rows:
-            return data, table.num_rows, False
-        return ipc_bytes(table.slice(0, max_rows)), max_rows, True
+        keep = min(max_rows, table.num_rows)
+        if table.nbytes > limits.sql_max_bytes:
+            keep = min(keep, int(table.num_rows * limits.sql_max_bytes / table.nbytes))
+        if keep == table.num_rows:
+            return data, keep, False
+        return ipc_bytes(table.slice(0, keep)), keep, True
 
     def ping(self) -> bool:
         try:
@@ -378,14 +400,18 @@ def _describe(rows: Mapping[str, int]) -> str:
     return ", ".join(f"{count} {table}" for table, count in rows.items() if count) or "no rows"
 
 
-def _sql_rejection(error: DatabaseError, limits: Limits, started: float) -> SqlRejected:
+def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: float) -> SqlRejected:
     code = _error_code(error)
     message = _clean(error)
+    statement = _NOT_A_QUERY.search(_COMMENTS.sub(" ", sql)) if code == _SYNTAX_ERROR else None
+    if statement:
+        verb = " ".join(statement.group(1).upper().split())
+        return SqlRejected("readonly", f"read-only: only queries (SELECT, WITH) run here, not {verb}")
     if code in _READONLY:
         return SqlRejected("readonly", f"read-only: SQL here may only read data ({message})")
     if code in _TIMEOUT:
         return SqlRejected(
-            "timeout",
+            "too_large",
             f"query ran past the {limits.sql_max_seconds:g} s limit ({time.monotonic() - started:.1f} s)",
         )
     if code in _TOO_LARGE:

@@ -37,6 +37,7 @@ class BatchError(ValueError):
 @dataclass(frozen=True)
 class ValidatedBatch:
     batch_id: str
+    digest: str  # of the content, whatever its encoding
     samples: pa.Table | None
     events: pa.Table | None
     runs: pa.Table | None
@@ -60,6 +61,7 @@ def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int) -> 
     strings = _Strings(batch.dictionary, limits)
     validated = ValidatedBatch(
         batch_id=batch.batch_id,
+        digest=hashlib.sha256(batch.SerializeToString(deterministic=True)).hexdigest()[:32],
         samples=_samples(batch, strings, limits) if batch.HasField("samples") else None,
         events=_events(batch, strings, limits) if batch.HasField("events") else None,
         runs=_runs(batch.runs, limits, received_ns) if batch.runs else None,
@@ -156,6 +158,19 @@ def _check_no_rows(table: str, columns: Any) -> None:
         raise BatchError(f"{table}.{descriptor.name}", f"{len(values)} values for 0 rows")
 
 
+def _check_months(field: str, times: npt.NDArray[np.int64], limits: Limits) -> None:
+    """The store partitions by month; a batch over too many months cannot be inserted whole."""
+    if (
+        times.size
+        and int(times.max() - times.min()) > (limits.max_months_per_batch - 2) * 28 * 86_400 * 10**9
+    ):
+        months = np.unique(times.astype("datetime64[ns]").astype("datetime64[M]")).size
+        if months > limits.max_months_per_batch:
+            raise BatchError(
+                field, f"spans {months} months; one batch may span {limits.max_months_per_batch}"
+            )
+
+
 def _check_rows(table: str, rows: int, limits: Limits) -> None:
     if rows > limits.max_rows_per_table:
         raise BatchError(table, f"{rows} rows; the limit is {limits.max_rows_per_table} per batch")
@@ -213,6 +228,7 @@ def _samples(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Ta
         return None
     _check_rows("samples", rows, limits)
     ts = _times("samples.ts", columns.ts)
+    _check_months("samples.ts", ts, limits)
     values = np.array(columns.value, dtype=np.float64)
     finite = np.isfinite(values)
     if not finite.all():
@@ -252,6 +268,7 @@ def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Tab
         raise BatchError("events.id", "is set by the server; leave it empty")
     start = _times("events.start", columns.start)
     end = _times("events.end", columns.end)
+    _check_months("events.start", start, limits)
     backwards = end < start
     if backwards.any():
         bad = int(np.flatnonzero(backwards)[0])
@@ -282,8 +299,17 @@ def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Tab
             "depth": _depths(columns.depth, rows),
             "extras": _extras(columns, strings, rows, limits),
             "id": event_ids(batch.batch_id, rows),
+            "launch_start": _launch_starts(columns.launch_start, rows),
         }
     )
+
+
+def _launch_starts(column: Sequence[int], rows: int) -> pa.Array:
+    starts = _optional("events.launch_start", column, rows, -1, np.int64)
+    if rows and starts.min() < -1:
+        bad = int(np.flatnonzero(starts < -1)[0])
+        raise BatchError(f"events.launch_start[{bad}]", f"{starts[bad]} is before 1970 (-1 means unknown)")
+    return pa.array(starts, TIMESTAMP, mask=starts == -1)
 
 
 def _depths(column: Sequence[int], rows: int) -> npt.NDArray[np.uint16]:

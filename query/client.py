@@ -20,7 +20,7 @@ from tracehouse.timefmt import parse_time
 from tracehouse.v1 import query_pb2, query_pb2_grpc
 
 TimeLike = int | str | dt.datetime | pd.Timestamp
-EVENT_TIME_COLUMNS = ("start", "end")
+EVENT_TIME_COLUMNS = ("start", "end", "launch_start")
 
 
 class QueryFailed(Exception):
@@ -265,6 +265,10 @@ def _events_frame(answer: query_pb2.EventsResponse) -> pd.DataFrame:
             "depth": np.array(columns.depth, dtype=np.uint16),
             "extras": extras,
             "id": np.array(columns.id, dtype=np.uint64),
+            "launch_start": pd.array(
+                [None if v < 0 else v for v in columns.launch_start] or [None] * len(columns.start),
+                dtype="Int64",
+            ),
         }
     )
     frame.insert(5, "duration_ns", frame["end"] - frame["start"])

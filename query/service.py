@@ -114,13 +114,14 @@ class QueryService(query_pb2_grpc.QueryServicer):
         where = sample_predicates(window, run)
         where.params["metrics"] = metric_names
         start, end = bounds(window, run)
-        if start is None or end is None:
+        if start is None or end is None or end - start > sql.MAX_SERIES_SPAN_NS:
+            # an open or absurdly wide window: the data's own span within it
             text, params = sql.series_bounds(where)
             first, last, count = _first_row(self.store.query(text, params))
             if not count:
                 return query_pb2.SeriesResponse(bucket_ns=0)
-            start = first if start is None else start
-            end = last + 1 if end is None else end
+            start = first if start is None else max(start, first)
+            end = last + 1 if end is None else min(end, last + 1)
         width = sql.bucket_width(start, end, max_points)
         origin = start - start % width
         text, params = sql.series(where, origin, width)
@@ -198,7 +199,7 @@ def _event_columns(table: pa.Table, answer: query_pb2.EventsResponse) -> None:
     events: batch_pb2.EventColumns = answer.events
     for column in ("run", "host", "kind", "name"):
         getattr(events, column).extend(codes("run_id" if column == "run" else column))
-    for column in ("start", "end"):
+    for column in ("start", "end", "launch_start"):
         getattr(events, column).extend(table.column(f"{column}_ns").to_numpy().tolist())
     for column in ("gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "id"):
         getattr(events, column).extend(table.column(column).to_numpy().tolist())

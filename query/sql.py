@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from query.window import Predicates, QueryError, ns
 from tracehouse.timefmt import NS_PER_S
 
+MAX_SERIES_SPAN_NS = 100 * 365 * 86_400 * NS_PER_S
 _SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
 
@@ -83,7 +84,8 @@ GROUP BY host, gpu, pid, metric ORDER BY host, gpu, pid, metric LIMIT {{limit:UI
 # Aliases never reuse a column's name: ClickHouse would substitute them into WHERE.
 EVENT_COLUMNS = (
     "run_id, host, kind, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns, "
-    "gpu, stream, pid, tid, name, correlation_id, bytes, depth, extras, id"
+    "gpu, stream, pid, tid, name, correlation_id, bytes, depth, extras, id, "
+    "ifNull(toUnixTimestamp64Nano(launch_start), -1) AS launch_start_ns"
 )
 
 
@@ -107,10 +109,12 @@ def parse_page_token(token: str) -> tuple[int, int] | None:
     if not token:
         return None
     try:
-        start, event_id = base64.urlsafe_b64decode(token.encode()).decode().split(":")
-        return int(start), int(event_id)
+        start, event_id = (int(part) for part in base64.urlsafe_b64decode(token.encode()).decode().split(":"))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise QueryError("page_token", "not a token this server gave out") from None
+    if not (0 <= start < 2**63 and 0 <= event_id < 2**64):
+        raise QueryError("page_token", "not a token this server gave out")
+    return start, event_id
 
 
 # kind of summary -> (event kinds it covers, extra aggregate columns)

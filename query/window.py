@@ -30,6 +30,12 @@ class Window:
     to_ns: int | None = None
 
     def check(self, limits: Limits) -> Window:
+        for name in ("from_ns", "to_ns"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise QueryError(
+                    f"window.{name}", f"{value} is before 1970; times are ns since the Unix epoch"
+                )
         if self.from_ns is not None and self.to_ns is not None and self.to_ns <= self.from_ns:
             raise QueryError("window.to_ns", f"{self.to_ns} is not after from_ns {self.from_ns}")
         for gpu in self.gpus:

@@ -87,15 +87,37 @@ def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
     assert counts(store)["events"] == 1
 
 
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: telemetry("b-x", n=20),  # other row counts
+        lambda: telemetry("b-x", n=10, host="host-b"),  # the same counts, other content
+        lambda: telemetry("b-x", n=10, t0=T0 + 1),
+    ],
+)
 def test_same_batch_id_with_other_content_is_refused(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
+    ingest: ingest_pb2_grpc.IngestStub, store: Store, other: Callable[[], BatchBuilder]
 ) -> None:
     ingest.Write(request(telemetry("b-x", n=10)), timeout=30)
     with pytest.raises(grpc.RpcError) as caught:
-        ingest.Write(request(telemetry("b-x", n=20)), timeout=30)
+        ingest.Write(request(other()), timeout=30)
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "b-x" in caught.value.details()
     assert counts(store)["samples"] == 40
+    assert ingest.Write(request(telemetry("b-x", n=10)), timeout=30).duplicate, "the same content still is"
+
+
+def test_a_batch_over_too_many_months_is_refused_whole(
+    ingest: ingest_pb2_grpc.IngestStub, store: Store
+) -> None:
+    builder = telemetry("months", n=5)
+    month = 31 * 86_400 * 10**9
+    builder.add_events("kernel", T0 + np.arange(150) * month, T0 + np.arange(150) * month + 5, "k")
+    with pytest.raises(grpc.RpcError) as caught:
+        ingest.Write(request(builder), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("events.start: spans 150 months")
+    assert counts(store) == {"samples": 0, "events": 0, "runs": 0, "devices": 0, "ingest_batches": 0}
 
 
 def _samples(**columns: list) -> batch_pb2.Batch:  # type: ignore[type-arg]

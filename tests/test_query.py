@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 
 from query.client import Client, QueryFailed
+from query.sql import page_token
 from tests.helpers import MS, T0, S, request, telemetry, trace
 from tracehouse.batch import BatchBuilder
-from tracehouse.v1 import ingest_pb2_grpc
+from tracehouse.v1 import ingest_pb2_grpc, query_pb2
 
 
 def ns(column: pd.Series) -> list[int]:
@@ -197,6 +198,8 @@ def test_lists(client: Client, ingest: ingest_pb2_grpc.IngestStub) -> None:
         (lambda c: c.summary("kernelz"), "INVALID_ARGUMENT", "kind"),
         (lambda c: c.events(kinds=["kernal"]), "INVALID_ARGUMENT", "kinds"),
         (lambda c: c.series("gpu.util", gpu=[5000]), "INVALID_ARGUMENT", "window.gpus"),
+        (lambda c: c.series("gpu.util", start=-2, end=5, max_points=1), "INVALID_ARGUMENT", "window.from_ns"),
+        (lambda c: c.events(start=-(2**63), end=2**63 - 1), "INVALID_ARGUMENT", "window.from_ns"),
     ],
 )
 def test_bad_questions_get_clear_errors(client: Client, call, code: str, field: str) -> None:  # type: ignore[no-untyped-def]
@@ -206,12 +209,18 @@ def test_bad_questions_get_clear_errors(client: Client, call, code: str, field: 
     assert caught.value.message.startswith(field) or field in caught.value.message
 
 
-def test_forged_page_token_is_refused(client: Client) -> None:
-    from tracehouse.v1 import query_pb2
-
+@pytest.mark.parametrize(
+    "token", ["not-a-token", page_token(0, -1), page_token(2**63, 1), page_token(1, 2**64)]
+)
+def test_forged_page_token_is_refused(client: Client, token: str) -> None:
     with pytest.raises(QueryFailed) as caught:
-        client._call("Events", query_pb2.EventsRequest(page_token="not-a-token"))
+        client._call("Events", query_pb2.EventsRequest(page_token=token))
     assert caught.value.code.name == "INVALID_ARGUMENT" and "page_token" in caught.value.message
+
+
+def test_a_window_as_wide_as_time_still_answers(client: Client, telemetry_run: dict[str, np.ndarray]) -> None:
+    frame = client.series("gpu.util", host="host-a", gpu=0, start=0, end=2**63 - 1, max_points=1)
+    assert len(frame) == 1 and frame["count"][0] == telemetry_run["ts"].size
 
 
 def test_empty_store_answers_empty(client: Client) -> None:

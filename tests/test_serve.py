@@ -67,10 +67,9 @@ def health(address: str) -> int:
 
 
 def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    requests = [request(telemetry(f"flight-{w}-{i}", n=5000)) for w in range(4) for i in range(40)]
-    acknowledged: list[str] = []
-    after_signal: list[str] = []
-    signalled = threading.Event()
+    rows_per_batch = 4 * 20_000
+    requests = [request(telemetry(f"flight-{w}-{i}", n=20_000)) for w in range(4) for i in range(12)]
+    acknowledged: list[tuple[str, float, float]] = []  # batch id, call started, call answered
     refused: list[grpc.StatusCode] = []
     with serve(home=tmp_path) as (process, address, _):
         assert health(address) == health_pb2.HealthCheckResponse.SERVING
@@ -79,32 +78,34 @@ def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_pa
             with grpc.insecure_channel(address) as channel:
                 stub = ingest_pb2_grpc.IngestStub(channel)
                 for message in requests[worker::4]:
+                    started = time.monotonic()
                     try:
                         stub.Write(message, timeout=60)
                     except grpc.RpcError as error:
                         refused.append(error.code())
                         return
-                    (after_signal if signalled.is_set() else acknowledged).append(message.batch.batch_id)
+                    acknowledged.append((message.batch.batch_id, started, time.monotonic()))
 
         threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
         for thread in threads:
             thread.start()
-        while len(acknowledged) < 8:
+        while len(acknowledged) < 4:
             time.sleep(0.01)
-        signalled.set()
+        before_signal = time.monotonic()
         process.send_signal(signal.SIGTERM)
+        after_signal = time.monotonic()
         for thread in threads:
             thread.join(timeout=120)
         assert process.wait(timeout=60) == 0
-    assert after_signal, "calls in flight when the signal came were finished and acknowledged"
+    in_flight = [ack for ack in acknowledged if ack[1] < before_signal and ack[2] > after_signal]
+    assert in_flight, "calls under way when the signal came were finished and acknowledged"
     # a call that arrives while the server stops is refused, and a sender retries it
     assert set(refused) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-    stored_ids = set(acknowledged) | set(after_signal)
     with serve(home=tmp_path) as (_, address, _), Client(address) as client:
         batches = client.sql("SELECT batch_id, samples FROM ingest_batches")
         samples = int(client.sql("SELECT count() AS n FROM samples")["n"][0])
-    assert stored_ids <= set(batches["batch_id"]), "every acknowledged batch is in the store"
-    assert samples == batches["samples"].sum() == 20_000 * len(batches), "no batch is half-stored"
+    assert {ack[0] for ack in acknowledged} <= set(batches["batch_id"]), "every acknowledged batch is stored"
+    assert samples == batches["samples"].sum() == rows_per_batch * len(batches), "no batch is half-stored"
 
 
 def test_unreachable_store_answers_unavailable_and_logs_no_secret(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from tracehouse.v1 import ingest_pb2_grpc
 
 @pytest.fixture
 def limits() -> Limits:
-    return small_limits(sql_max_seconds=1.5, sql_max_rows=1000)
+    return small_limits(sql_max_seconds=1.5, sql_max_rows=1000, sql_max_bytes=200_000)
 
 
 @pytest.fixture
@@ -47,8 +48,8 @@ def test_select_returns_a_typed_table(client: Client, loaded: None) -> None:
         "TRUNCATE TABLE events",
         "CREATE TABLE x (a Int32) ENGINE = Memory",
         "SELECT * FROM file('/etc/passwd', 'LineAsString')",
-        "SELECT 1 SETTINGS max_execution_time = 1000",
-        "SELECT 1; DROP TABLE samples",
+        "/* a comment first */ DROP TABLE samples",
+        "with x as (select 1) insert into samples select * from samples",
     ],
 )
 def test_anything_but_reading_is_refused_and_writes_keep_working(
@@ -64,19 +65,54 @@ def test_anything_but_reading_is_refused_and_writes_keep_working(
     assert counts(store)["samples"] == before["samples"] + 40
 
 
-def test_set_is_refused_and_changes_nothing(client: Client) -> None:
-    with pytest.raises(QueryFailed):
-        client.sql("SET readonly = 0")
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT 'pwned' INTO OUTFILE '{path}'",
+        "SELECT 'pwned' INTO OUTFILE '{path}' APPEND",
+        "SELECT 'pwned' INTO OUTFILE '{path}' TRUNCATE",
+        "KILL QUERY WHERE 1 SYNC",
+        "SYSTEM STOP MERGES",
+        "SET readonly = 0",
+    ],
+)
+def test_statements_that_are_not_queries_are_refused(client: Client, tmp_path: Path, statement: str) -> None:
+    """readonly=1 alone lets INTO OUTFILE write files and KILL stop other queries."""
+    target = tmp_path / "victim.txt"
+    target.write_text("precious\n")
     with pytest.raises(QueryFailed) as caught:
-        client.sql("DROP TABLE samples")
+        client.sql(statement.format(path=target))
+    assert caught.value.code.name in ("INVALID_ARGUMENT", "PERMISSION_DENIED")
+    assert target.read_text() == "precious\n"
+    assert not (tmp_path / "outfile.txt").exists()
+
+
+def test_a_second_statement_is_refused(client: Client, store: Store, loaded: None) -> None:
+    with pytest.raises(QueryFailed) as caught:
+        client.sql("SELECT 1; DROP TABLE samples")
     assert caught.value.code.name == "PERMISSION_DENIED"
+    assert counts(store)["samples"] == 400
+
+
+def test_settings_in_the_sql_cannot_lift_the_limits(client: Client) -> None:
+    frame = client.sql(
+        "SELECT getSetting('max_execution_time') AS seconds, getSetting('readonly') AS readonly "
+        "SETTINGS max_execution_time = 1000, readonly = 0"
+    )
+    assert frame.to_dict("records") == [{"seconds": 1.5, "readonly": 1}]
 
 
 def test_time_limit(client: Client) -> None:
     with pytest.raises(QueryFailed) as caught:
         client.sql("SELECT count() FROM numbers(100000000000)")
-    assert caught.value.code.name == "DEADLINE_EXCEEDED"
+    assert caught.value.code.name == "RESOURCE_EXHAUSTED"
     assert "1.5 s limit" in caught.value.message
+
+
+def test_result_cut_for_its_size_says_so(client: Client) -> None:
+    frame = client.sql("SELECT repeat('x', 1000) AS s FROM numbers(900)")
+    assert 0 < len(frame) < 900 and frame.attrs["truncated"]
+    assert frame.memory_usage(deep=True).sum() < 2 * 200_000 + 100_000
 
 
 def test_result_is_truncated_at_max_rows(client: Client) -> None:

@@ -23,6 +23,7 @@ EVENT_OPTIONAL_COLUMNS = {
     "correlation_id": 0,
     "bytes": 0,
     "depth": 0,
+    "launch_start": -1,
 }
 
 

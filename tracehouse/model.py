@@ -22,7 +22,8 @@ EVENT_KINDS: tuple[str, ...] = (
     "phase",  # a phase of a training script (tracehouse's own API)
     "step",  # a training step
     "mark",  # an instant marker
-    "process",  # a process seen on a GPU: an instant when it appears and when it is gone
+    "process",  # a process: named, or seen on a GPU (an instant when it appears and when it is gone)
+    "thread",  # a thread's name (an instant)
 )
 
 RUN_SOURCES: tuple[str, ...] = ("agent", "nsys", "kineto", "user")
@@ -51,7 +52,8 @@ class Limits:
     default_page_size: int = 1000
     max_list_rows: int = 100_000  # runs, devices, metrics per answer
     sql_max_rows: int = 1_000_000
-    sql_max_bytes: int = 256 << 20  # uncompressed result of one SQL query
+    sql_max_bytes: int = 128 << 20  # uncompressed result of one SQL query
+    max_months_per_batch: int = 100  # the store partitions samples and events by month
     sql_max_seconds: float = 30.0
     sql_max_memory_bytes: int = 4 << 30
 

@@ -34,8 +34,7 @@ QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]
 TRANSPORT_MAX_BYTES = 256 << 20
 SQL_REJECTION_CODES = {
     "readonly": grpc.StatusCode.PERMISSION_DENIED,
-    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,  # past a limit on time, memory or size
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
 }
 

@@ -45,7 +45,7 @@ class SampleColumns(_message.Message):
     def __init__(self, ts: _Optional[_Iterable[int]] = ..., metric: _Optional[_Iterable[int]] = ..., value: _Optional[_Iterable[float]] = ..., gpu: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EventColumns(_message.Message):
-    __slots__ = ("kind", "start", "end", "name", "gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "run", "host", "extra_row", "extra_key", "extra_value", "id")
+    __slots__ = ("kind", "start", "end", "name", "gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "run", "host", "extra_row", "extra_key", "extra_value", "id", "launch_start")
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class EventColumns(_message.Message):
     EXTRA_KEY_FIELD_NUMBER: _ClassVar[int]
     EXTRA_VALUE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_START_FIELD_NUMBER: _ClassVar[int]
     kind: _containers.RepeatedScalarFieldContainer[int]
     start: _containers.RepeatedScalarFieldContainer[int]
     end: _containers.RepeatedScalarFieldContainer[int]
@@ -80,7 +81,8 @@ class EventColumns(_message.Message):
     extra_key: _containers.RepeatedScalarFieldContainer[int]
     extra_value: _containers.RepeatedScalarFieldContainer[int]
     id: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kind: _Optional[_Iterable[int]] = ..., start: _Optional[_Iterable[int]] = ..., end: _Optional[_Iterable[int]] = ..., name: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., stream: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., tid: _Optional[_Iterable[int]] = ..., correlation_id: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., depth: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., extra_row: _Optional[_Iterable[int]] = ..., extra_key: _Optional[_Iterable[int]] = ..., extra_value: _Optional[_Iterable[int]] = ..., id: _Optional[_Iterable[int]] = ...) -> None: ...
+    launch_start: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[_Iterable[int]] = ..., start: _Optional[_Iterable[int]] = ..., end: _Optional[_Iterable[int]] = ..., name: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., stream: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., tid: _Optional[_Iterable[int]] = ..., correlation_id: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., depth: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., extra_row: _Optional[_Iterable[int]] = ..., extra_key: _Optional[_Iterable[int]] = ..., extra_value: _Optional[_Iterable[int]] = ..., id: _Optional[_Iterable[int]] = ..., launch_start: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "name", "host", "source", "start", "end", "relative_time", "tags", "attrs")
