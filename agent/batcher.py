@@ -13,8 +13,7 @@ from typing import Any
 
 from agent.gpu import DeviceInfo
 from agent.spool import EncodedBatch
-from tracehouse.batch import BatchBuilder
-from tracehouse.v1 import ingest_pb2
+from tracehouse.batch import BatchBuilder, encode_request
 
 
 class Batcher:
@@ -115,8 +114,6 @@ class Batcher:
                 )
             batch = builder.build()
             self._reset()
-        encoded = EncodedBatch(
-            batch.batch_id, ingest_pb2.WriteRequest(batch=batch).SerializeToString(), values
-        )
+        encoded = EncodedBatch(batch.batch_id, encode_request(batch), values)
         self._emit(encoded)
         return encoded

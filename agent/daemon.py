@@ -40,6 +40,8 @@ class AgentConfig:
     shutdown_timeout: float = 10.0  # time to ship what is pending when stopping
     max_backoff: float = 30.0  # longest wait between tries while the server is away
     host_metrics: bool = True
+    watch: Path | None = None  # a folder of Nsight Systems exports to import as they appear
+    watch_interval: float = 2.0
 
 
 def make_run_id(name: str, host: str, started_ns: int) -> str:
@@ -66,15 +68,22 @@ class Agent:
             token=config.token,
             max_backoff=config.max_backoff,
         )
-        self.batcher = Batcher(
-            self.run_id, self.host, self.shipper.submit, config.flush_values, config.flush_interval
-        )
-        self.sampler = Sampler(
-            backend, self.batcher, self.stats, HostSampler() if config.host_metrics else None
-        )
+        self.batcher = Batcher(self.run_id, self.host, self.shipper.submit, config.flush_values, config.flush_interval)
+        self.sampler = Sampler(backend, self.batcher, self.stats, HostSampler() if config.host_metrics else None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._cpu_started = 0.0
+        self.watcher = None
+        if config.watch is not None:
+            from agent.watch import FolderWatcher, ShipperSink
+
+            self.watcher = FolderWatcher(
+                config.watch,
+                ShipperSink(self.shipper.submit),
+                config.spool / "watched.json",
+                self.host,
+                config.watch_interval,
+            )
 
     def _mine(self, batch_id: str) -> bool:
         return batch_id.startswith(f"{self.run_id}/")
@@ -118,17 +127,19 @@ class Agent:
             ("sampler", self.config.interval, self.sampler.fast_tick),
             ("slow-sampler", self.config.slow_interval, self.sampler.slow_tick),
         ):
-            thread = threading.Thread(
-                target=run_fixed_rate, args=(interval, self._stop, tick), name=name, daemon=True
-            )
+            thread = threading.Thread(target=run_fixed_rate, args=(interval, self._stop, tick), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        if self.watcher is not None:
+            self.watcher.start()
 
     def stop(self) -> dict[str, object]:
         """Stop sampling, ship or spool everything, and return the counts."""
         self._stop.set()
         for thread in self._threads:
             thread.join()
+        if self.watcher is not None:
+            self.watcher.stop()
         cpu_seconds = time.process_time() - self._cpu_started
         self._describe_run(end=time.time_ns())
         self.batcher.flush()
@@ -149,9 +160,7 @@ class Agent:
             "seconds": round((time.time_ns() - self.started_ns) / 1e9, 3),
         }
         if report["spooled"]:
-            log.warning(
-                "%d values wait in the spool %s for the next start", report["spooled"], self.spool.folder
-            )
+            log.warning("%d values wait in the spool %s for the next start", report["spooled"], self.spool.folder)
         return report
 
 

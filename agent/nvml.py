@@ -179,9 +179,7 @@ class NvmlBackend:
         )
         if temp is not None:
             out[m.GPU_TEMP] = temp
-        throttle = self._call(
-            gpu, "throttle reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
-        )
+        throttle = self._call(gpu, "throttle reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
         if throttle is not None:
             out[m.GPU_THROTTLE] = throttle
         out.update(self._fields(gpu))
@@ -194,9 +192,7 @@ class NvmlBackend:
     def _fields(self, gpu: _Gpu) -> dict[str, float]:
         if not gpu.fields:
             return {}
-        values = self._call(
-            gpu, "field values", lambda: pynvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.fields)
-        )
+        values = self._call(gpu, "field values", lambda: pynvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.fields))
         out: dict[str, float] = {}
         if values is None:
             return out
@@ -204,9 +200,7 @@ class NvmlBackend:
             if value.nvmlReturn != pynvml.NVML_SUCCESS:
                 if value.nvmlReturn in UNSUPPORTED:
                     gpu.fields.remove(value.fieldId)
-                self._failed(
-                    gpu, f"field {value.fieldId}", value.nvmlReturn, pynvml.nvmlErrorString(value.nvmlReturn)
-                )
+                self._failed(gpu, f"field {value.fieldId}", value.nvmlReturn, pynvml.nvmlErrorString(value.nvmlReturn))
                 continue
             member = _VALUE_MEMBER.get(value.valueType)
             if member is None:
@@ -239,9 +233,7 @@ class NvmlBackend:
             if not support.isSupportedDevice:
                 gpu.unsupported.add("gpm")
                 return {}
-        sample = self._call(
-            gpu, "gpm", lambda: pynvml.nvmlGpmSampleGet(gpu.handle, pynvml.nvmlGpmSampleAlloc())
-        )
+        sample = self._call(gpu, "gpm", lambda: pynvml.nvmlGpmSampleGet(gpu.handle, pynvml.nvmlGpmSampleAlloc()))
         if sample is None:
             return {}
         previous, gpu.gpm_previous = gpu.gpm_previous, sample
@@ -261,15 +253,12 @@ class NvmlBackend:
         return {
             GPM_METRICS[answer.metrics[i].metricId]: answer.metrics[i].value
             for i in range(len(GPM_METRICS))
-            if answer.metrics[i].nvmlReturn == pynvml.NVML_SUCCESS
-            and answer.metrics[i].metricId in GPM_METRICS
+            if answer.metrics[i].nvmlReturn == pynvml.NVML_SUCCESS and answer.metrics[i].metricId in GPM_METRICS
         }
 
     def processes(self, index: int) -> list[ProcessReading]:
         gpu = self._gpu(index)
-        running = self._call(
-            gpu, "processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
-        )
+        running = self._call(gpu, "processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle))
         if not running:
             return []
         utilisation: dict[int, tuple[float, float]] = {}

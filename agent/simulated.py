@@ -41,9 +41,7 @@ def _busy(gpu: int, t: float) -> float:
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(
-        self, count: int, clock: Callable[[], float] = time.time, started: float | None = None
-    ) -> None:
+    def __init__(self, count: int, clock: Callable[[], float] = time.time, started: float | None = None) -> None:
         if count < 1:
             raise ValueError("simulate at least one GPU")
         self.count = count

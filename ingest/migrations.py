@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS {{db}}.runs (
     relative_time Bool COMMENT 'times count from an unknown origin (nsys before 2021.3)',
     tags Map(String, String) COMMENT 'user labels',
     attrs Map(String, String) COMMENT 'facts from the source: nsys version, command line, GPUs',
+    importing Bool COMMENT 'an import under way: the run and its rows are left out of answers',
     updated DateTime64(9, 'UTC') COMMENT 'when this description arrived; the latest wins'
 ) ENGINE = ReplacingMergeTree(updated) ORDER BY run_id
 SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}

@@ -92,9 +92,7 @@ def parse_store_url(url: str, database: str = "tracehouse") -> StoreLocation:
         return StoreLocation("chdb", f"chdb://{folder}", database, f"chdb://{folder}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"store URL {_redact(url)!r}: use chdb://PATH or http(s)://user:password@host:port/database"
-        )
+        raise ValueError(f"store URL {_redact(url)!r}: use chdb://PATH or http(s)://user:password@host:port/database")
     name = unquote(parts.path.strip("/")) or database
     if not _DATABASE.fullmatch(name):
         raise ValueError(f"store URL {_redact(url)!r}: {name!r} is not a database name")
@@ -106,9 +104,7 @@ def _redact(url: str) -> str:
     if parts.password is None:
         return url
     user = quote(parts.username or "")
-    return parts._replace(
-        netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    ).geturl()
+    return parts._replace(netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")).geturl()
 
 
 def _error_code(error: BaseException) -> int | None:
@@ -212,12 +208,8 @@ class Store:
         except Exception as error:  # the drivers raise several unrelated types here
             hint = ""
             if self.location.engine == "chdb":
-                hint = (
-                    " (one process at a time may open an embedded store: is another tracehouse serve on it?)"
-                )
-            raise StoreUnavailable(
-                f"cannot reach the store {self.location.display}: {_clean(error)}{hint}"
-            ) from error
+                hint = " (one process at a time may open an embedded store: is another tracehouse serve on it?)"
+            raise StoreUnavailable(f"cannot reach the store {self.location.display}: {_clean(error)}{hint}") from error
 
     @contextlib.contextmanager
     def _client(self, failure: type[StoreError] = StoreUnavailable) -> Iterator[Client]:
@@ -303,8 +295,7 @@ class Store:
 
     def _ledger(self, client: Client, batch_id: str) -> tuple[str, dict[str, int]] | None:
         found = client.query(
-            f"SELECT digest, {', '.join(TABLES)} FROM {self.db}.ingest_batches "
-            "WHERE batch_id = {id:String} LIMIT 1",
+            f"SELECT digest, {', '.join(TABLES)} FROM {self.db}.ingest_batches WHERE batch_id = {{id:String}} LIMIT 1",
             parameters={"id": batch_id},
         ).result_rows
         if not found:

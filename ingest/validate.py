@@ -37,7 +37,7 @@ class BatchError(ValueError):
 @dataclass(frozen=True)
 class ValidatedBatch:
     batch_id: str
-    digest: str  # of the content, whatever its encoding
+    digest: str  # of the batch as it was sent: a batch_id re-used for other content is told apart
     samples: pa.Table | None
     events: pa.Table | None
     runs: pa.Table | None
@@ -56,12 +56,13 @@ def _rows(table: pa.Table | None) -> int:
     return 0 if table is None else table.num_rows
 
 
-def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int) -> ValidatedBatch:
+def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int, encoded: bytes = b"") -> ValidatedBatch:
+    """`encoded` is the batch as it arrived (for its digest); it is encoded again when absent."""
     check_id("batch.batch_id", batch.batch_id, limits)
     strings = _Strings(batch.dictionary, limits)
     validated = ValidatedBatch(
         batch_id=batch.batch_id,
-        digest=hashlib.sha256(batch.SerializeToString(deterministic=True)).hexdigest()[:32],
+        digest=hashlib.sha256(encoded or batch.SerializeToString(deterministic=True)).hexdigest()[:32],
         samples=_samples(batch, strings, limits) if batch.HasField("samples") else None,
         events=_events(batch, strings, limits) if batch.HasField("events") else None,
         runs=_runs(batch.runs, limits, received_ns) if batch.runs else None,
@@ -135,9 +136,7 @@ def _required_rows(table: str, columns: Any, names: Sequence[str]) -> int:
     return rows
 
 
-def _optional(
-    field: str, column: Sequence[int], rows: int, default: int, dtype: npt.DTypeLike
-) -> npt.NDArray[Any]:
+def _optional(field: str, column: Sequence[int], rows: int, default: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
     if len(column) == 0:
         return np.full(rows, default, dtype=dtype)
     if len(column) != rows:
@@ -160,15 +159,10 @@ def _check_no_rows(table: str, columns: Any) -> None:
 
 def _check_months(field: str, times: npt.NDArray[np.int64], limits: Limits) -> None:
     """The store partitions by month; a batch over too many months cannot be inserted whole."""
-    if (
-        times.size
-        and int(times.max() - times.min()) > (limits.max_months_per_batch - 2) * 28 * 86_400 * 10**9
-    ):
+    if times.size and int(times.max() - times.min()) > (limits.max_months_per_batch - 2) * 28 * 86_400 * 10**9:
         months = np.unique(times.astype("datetime64[ns]").astype("datetime64[M]")).size
         if months > limits.max_months_per_batch:
-            raise BatchError(
-                field, f"spans {months} months; one batch may span {limits.max_months_per_batch}"
-            )
+            raise BatchError(field, f"spans {months} months; one batch may span {limits.max_months_per_batch}")
 
 
 def _check_rows(table: str, rows: int, limits: Limits) -> None:
@@ -180,9 +174,7 @@ def _gpus(field: str, column: Sequence[int], rows: int, limits: Limits) -> npt.N
     gpus = _optional(field, column, rows, NO_GPU, np.int32)
     if rows and (gpus.min() < NO_GPU or gpus.max() > limits.max_gpu_index):
         bad = int(np.flatnonzero((gpus < NO_GPU) | (gpus > limits.max_gpu_index))[0])
-        raise BatchError(
-            f"{field}[{bad}]", f"{gpus[bad]} is not a GPU index (-1 or 0..{limits.max_gpu_index})"
-        )
+        raise BatchError(f"{field}[{bad}]", f"{gpus[bad]} is not a GPU index (-1 or 0..{limits.max_gpu_index})")
     return gpus.astype(np.int16)
 
 
@@ -194,9 +186,7 @@ def _run_and_host(
         field = f"{table}.{column}"
         if len(getattr(columns, column)) == 0:
             if not default:
-                raise BatchError(
-                    field, f"empty, and batch.{'run_id' if column == 'run' else 'host'} is not set"
-                )
+                raise BatchError(field, f"empty, and batch.{'run_id' if column == 'run' else 'host'} is not set")
             values = [default]
             codes = np.zeros(rows, dtype=np.int32)
             dictionary = pa.array(values, pa.string())
@@ -378,12 +368,11 @@ def _runs(runs: Sequence[batch_pb2.Run], limits: Limits, received_ns: int) -> pa
             "start": pa.array([r.start for r in runs], TIMESTAMP),
             "end": pa.array([r.end if r.HasField("end") else None for r in runs], TIMESTAMP),
             "relative_time": [r.relative_time for r in runs],
-            "tags": pa.array(
-                [_string_map(f"runs[{i}].tags", r.tags, limits) for i, r in enumerate(runs)], STRING_MAP
-            ),
+            "tags": pa.array([_string_map(f"runs[{i}].tags", r.tags, limits) for i, r in enumerate(runs)], STRING_MAP),
             "attrs": pa.array(
                 [_string_map(f"runs[{i}].attrs", r.attrs, limits) for i, r in enumerate(runs)], STRING_MAP
             ),
+            "importing": [r.importing for r in runs],
             "updated": pa.array([received_ns] * len(runs), TIMESTAMP),
         }
     )
@@ -391,9 +380,7 @@ def _runs(runs: Sequence[batch_pb2.Run], limits: Limits, received_ns: int) -> pa
 
 def _devices(devices: Sequence[batch_pb2.Device], limits: Limits, received_ns: int) -> pa.Table:
     if len(devices) > limits.max_devices_per_batch:
-        raise BatchError(
-            "batch.devices", f"{len(devices)} devices; the limit is {limits.max_devices_per_batch}"
-        )
+        raise BatchError("batch.devices", f"{len(devices)} devices; the limit is {limits.max_devices_per_batch}")
     for i, device in enumerate(devices):
         field = f"devices[{i}]"
         _check_name(f"{field}.host", device.host, limits)

@@ -86,9 +86,7 @@ class Client:
     def __init__(self, server: str | None = None, timeout: float = 60.0) -> None:
         self.server = server or default_server()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            self.server, options=[("grpc.max_receive_message_length", 256 << 20)]
-        )
+        self._channel = grpc.insecure_channel(self.server, options=[("grpc.max_receive_message_length", 256 << 20)])
         self._stub = query_pb2_grpc.QueryStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -107,9 +105,7 @@ class Client:
             code = error.code()
             details = error.details() or ""
             if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
-                details = (
-                    f"no tracehouse server at {self.server} ({details}); start one with `tracehouse serve`"
-                )
+                details = f"no tracehouse server at {self.server} ({details}); start one with `tracehouse serve`"
             raise QueryFailed(code, details) from None
 
     def runs(self, host: str = "", source: str = "", name_contains: str = "", limit: int = 0) -> pd.DataFrame:
@@ -221,9 +217,7 @@ class Client:
 
     def summary(self, kind: str, limit: int = 0, **window: Any) -> pd.DataFrame:
         """nsys-stats style summary: kind is kernels, api, memops or nvtx."""
-        answer = self._call(
-            "Summary", query_pb2.SummaryRequest(window=make_window(**window), kind=kind, limit=limit)
-        )
+        answer = self._call("Summary", query_pb2.SummaryRequest(window=make_window(**window), kind=kind, limit=limit))
         return arrow_table(answer).to_pandas()
 
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:

@@ -60,6 +60,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
                 return RunSpan(window.run_id, "", 0, None, relative_time=True)
             raise RunNotFound(f"run {window.run_id!r} not found")
         row = found[0]
+        if row["importing"]:
+            raise RunNotFound(f"run {window.run_id!r} is still being imported")
         return RunSpan(window.run_id, row["host"], row["start_ns"], row["end_ns"], bool(row["relative_time"]))
 
     def ListRuns(self, request: query_pb2.ListRunsRequest, context: Any) -> query_pb2.ListRunsResponse:
@@ -81,9 +83,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
             run.attrs.update(dict(row["attrs"]))
         return answer
 
-    def ListDevices(
-        self, request: query_pb2.ListDevicesRequest, context: Any
-    ) -> query_pb2.ListDevicesResponse:
+    def ListDevices(self, request: query_pb2.ListDevicesRequest, context: Any) -> query_pb2.ListDevicesResponse:
         text, params = sql.devices(request.host, self.limits.max_list_rows)
         answer = query_pb2.ListDevicesResponse()
         for row in _rows(self.store.query(text, params)):
@@ -91,9 +91,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
             answer.devices.add(**row).attrs.update(attrs)
         return answer
 
-    def ListMetrics(
-        self, request: query_pb2.ListMetricsRequest, context: Any
-    ) -> query_pb2.ListMetricsResponse:
+    def ListMetrics(self, request: query_pb2.ListMetricsRequest, context: Any) -> query_pb2.ListMetricsResponse:
         window = window_of(request.window, self.limits)
         where = sample_predicates(window, self._run(window))
         text, params = sql.metrics(where, self.limits.max_list_rows)
@@ -107,9 +105,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         metric_names = names("metrics", request.metrics, self.limits)
         if not metric_names:
             raise QueryError("metrics", "name at least one metric")
-        max_points = _bounded(
-            request.max_points, self.limits.default_points, self.limits.max_points, "max_points"
-        )
+        max_points = _bounded(request.max_points, self.limits.default_points, self.limits.max_points, "max_points")
         run = self._run(window)
         where = sample_predicates(window, run)
         where.params["metrics"] = metric_names
@@ -130,9 +126,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         if table.num_rows == 0:
             return answer
         keys = table.select(["host", "gpu", "pid", "metric"]).to_pylist()
-        columns = {
-            name: table.column(name).to_numpy() for name in ("bucket_start", "min", "avg", "max", "count")
-        }
+        columns = {name: table.column(name).to_numpy() for name in ("bucket_start", "min", "avg", "max", "count")}
         boundaries = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
         for lo, hi in itertools.pairwise(boundaries):
             series = answer.series.add(**keys[lo])
@@ -148,9 +142,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         for kind in request.kinds:
             if kind not in EVENT_KINDS:
                 raise QueryError("kinds", f"unknown kind {kind[:64]!r}; known: {', '.join(EVENT_KINDS)}")
-        page_size = _bounded(
-            request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size"
-        )
+        page_size = _bounded(request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size")
         after = sql.parse_page_token(request.page_token)
         where = sql.kinds_filter(
             event_predicates(window, self._run(window)),

@@ -6,6 +6,7 @@ import base64
 import binascii
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from query.window import Predicates, QueryError, ns
 from tracehouse.timefmt import NS_PER_S
@@ -95,9 +96,7 @@ def events(where: Predicates, page_size: int, after: tuple[int, int] | None) -> 
     if after is not None:
         clauses += f" AND (start, id) > ({ns('after_start')}, {{after_id:UInt64}})"
         params.update(after_start=after[0], after_id=after[1])
-    sql = (
-        f"SELECT {EVENT_COLUMNS} FROM {{db}}.events WHERE {clauses} ORDER BY start, id LIMIT {{limit:UInt32}}"
-    )
+    sql = f"SELECT {EVENT_COLUMNS} FROM {{db}}.events WHERE {clauses} ORDER BY start, id LIMIT {{limit:UInt32}}"
     return sql, params
 
 
@@ -117,39 +116,47 @@ def parse_page_token(token: str) -> tuple[int, int] | None:
     return start, event_id
 
 
-# kind of summary -> (event kinds it covers, extra aggregate columns)
-SUMMARIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "kernels": (("kernel",), ""),
-    "api": (("cuda_api",), ""),
-    "memops": (("memcpy", "memset"), ", sum(bytes) AS total_bytes"),
-    "nvtx": (("nvtx",), ""),
+@dataclass(frozen=True)
+class SummaryKind:
+    kinds: tuple[str, ...]  # event kinds it covers
+    measure: str  # what it sums per event
+    unit: str  # suffix of the measure's columns
+
+
+# nsys stats reports: cuda_gpu_kern_sum, cuda_api_sum, cuda_gpu_mem_time_sum, nvtx_sum,
+# cuda_gpu_mem_size_sum
+SUMMARIES: dict[str, SummaryKind] = {
+    "kernels": SummaryKind(("kernel",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    "api": SummaryKind(("cuda_api",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    "memops": SummaryKind(("memcpy", "memset"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    "nvtx": SummaryKind(("nvtx",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    "memsize": SummaryKind(("memcpy", "memset"), "toInt64(bytes)", "bytes"),
 }
 
 
 def summary(where: Predicates, kind: str, limit: int) -> tuple[str, dict[str, object]]:
-    """nsys-stats style: per name, time share, total, count, avg, median, min, max, stddev."""
+    """nsys-stats style, per name: instances, total, avg, median (the mean of the two middle
+    values for an even count), min, max, sample standard deviation (0 for one instance), and
+    the name's share of the total. An event overlapping the window counts whole."""
     if kind not in SUMMARIES:
         raise QueryError("kind", f"{kind!r} is not one of {', '.join(SUMMARIES)}")
-    kinds, extra = SUMMARIES[kind]
+    spec = SUMMARIES[kind]
+    u = spec.unit
     sql = f"""
-SELECT round(100 * total_ns / sum(total_ns) OVER (), 1) AS time_pct, total_ns, instances,
-       avg_ns, med_ns, min_ns, max_ns, stddev_ns{", total_bytes" if extra else ""}, name
+SELECT name, instances, total_{u}, avg_{u}, med_{u}, min_{u}, max_{u}, stddev_{u},
+       100 * total_{u} / sum(total_{u}) OVER () AS {"time_pct" if u == "ns" else "pct"}
 FROM (
-    SELECT name,
-           sum(d) AS total_ns, count() AS instances, avg(d) AS avg_ns,
-           quantileExactInclusive(0.5)(d) AS med_ns, min(d) AS min_ns, max(d) AS max_ns,
-           if(count() > 1, stddevSamp(d), 0) AS stddev_ns{extra}
-    FROM (
-        SELECT name, bytes, toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS d
-        FROM {{db}}.events
-        WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()}
-    )
+    SELECT name, count() AS instances, sum(v) AS total_{u}, avg(v) AS avg_{u},
+           quantileExactInclusive(0.5)(v) AS med_{u}, min(v) AS min_{u}, max(v) AS max_{u},
+           if(count() > 1, stddevSamp(v), 0) AS stddev_{u}
+    FROM (SELECT name, {spec.measure} AS v FROM {{db}}.events
+          WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()})
     GROUP BY name
 )
-ORDER BY total_ns DESC, name
+ORDER BY total_{u} DESC, name
 {"LIMIT {limit:UInt32}" if limit else ""}
 """
-    return sql, {**where.params, "summary_kinds": list(kinds), "limit": limit}
+    return sql, {**where.params, "summary_kinds": list(spec.kinds), "limit": limit}
 
 
 def runs(host: str, source: str, name_contains: str, limit: int) -> tuple[str, dict[str, object]]:
@@ -160,6 +167,7 @@ def runs(host: str, source: str, name_contains: str, limit: int) -> tuple[str, d
         where.add("source = {source:String}", source=source)
     if name_contains:
         where.add("positionCaseInsensitiveUTF8(name, {needle:String}) > 0", needle=name_contains)
+    where.add("NOT importing")
     sql = f"""
 SELECT run_id, name, host, source, toUnixTimestamp64Nano(start) AS start_ns,
        toUnixTimestamp64Nano(end) AS end_ns, relative_time, tags, attrs
@@ -171,7 +179,8 @@ ORDER BY start DESC, run_id LIMIT {{limit:UInt32}}
 
 def run_span() -> str:
     return """
-SELECT host, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns, relative_time
+SELECT host, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns, relative_time,
+       importing
 FROM {db}.runs FINAL WHERE run_id = {run_id:String} LIMIT 1
 """
 

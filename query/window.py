@@ -33,9 +33,7 @@ class Window:
         for name in ("from_ns", "to_ns"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise QueryError(
-                    f"window.{name}", f"{value} is before 1970; times are ns since the Unix epoch"
-                )
+                raise QueryError(f"window.{name}", f"{value} is before 1970; times are ns since the Unix epoch")
         if self.from_ns is not None and self.to_ns is not None and self.to_ns <= self.from_ns:
             raise QueryError("window.to_ns", f"{self.to_ns} is not after from_ns {self.from_ns}")
         for gpu in self.gpus:
@@ -80,7 +78,12 @@ def ns(param: str) -> str:
     return f"fromUnixTimestamp64Nano({{{param}:Int64}}, 'UTC')"
 
 
+# Rows of an import still under way are in no answer (see Run.importing).
+COMPLETE = "run_id NOT IN (SELECT run_id FROM {db}.runs FINAL WHERE importing)"
+
+
 def _common(window: Window, where: Predicates) -> None:
+    where.add(COMPLETE)
     if window.hosts:
         where.add("host IN {hosts:Array(String)}", hosts=list(window.hosts))
     if window.gpus:
@@ -124,9 +127,7 @@ def event_predicates(window: Window, run: RunSpan | None) -> Predicates:
     if window.to_ns is not None:
         where.add(f"start < {ns('to_ns')}", to_ns=window.to_ns)
     if window.from_ns is not None:
-        where.add(
-            f"end >= {ns('from_ns')} AND (end > {ns('from_ns')} OR end = start)", from_ns=window.from_ns
-        )
+        where.add(f"end >= {ns('from_ns')} AND (end > {ns('from_ns')} OR end = start)", from_ns=window.from_ns)
     return where
 
 

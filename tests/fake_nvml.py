@@ -64,9 +64,7 @@ def _out(reference: Any) -> Any:
 
 class FakeNvml:
     def __init__(self, count: int = 2) -> None:
-        self.gpus = [
-            FakeGpu(uuid=f"GPU-fake-{i:04d}", bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(count)
-        ]
+        self.gpus = [FakeGpu(uuid=f"GPU-fake-{i:04d}", bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(count)]
         self._structs = [pynvml.struct_c_nvmlDevice_t() for _ in range(count)]
         self.lost: set[int] = set()
         self.unsupported_calls: set[tuple[str, int]] = set()  # (NVML function, gpu)
@@ -230,9 +228,7 @@ class FakeNvml:
         gpu, code = self._check("nvmlDeviceGetPcieThroughput", handle)
         if code == OK:
             fake = self.gpus[gpu]
-            _out(value).value = (
-                fake.pcie_tx_kb if counter.value == pynvml.NVML_PCIE_UTIL_TX_BYTES else fake.pcie_rx_kb
-            )
+            _out(value).value = fake.pcie_tx_kb if counter.value == pynvml.NVML_PCIE_UTIL_TX_BYTES else fake.pcie_rx_kb
         return code
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any, support: Any) -> int:
@@ -294,9 +290,7 @@ class FakeNvml:
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if running else pynvml.NVML_ERROR_NOT_FOUND
         for i, (pid, _) in enumerate(running):
             samples[i].pid = pid
-            samples[i].timeStamp = (
-                1_790_000_000_000_000 + self.calls[("nvmlDeviceGetProcessUtilization", gpu)]
-            )
+            samples[i].timeStamp = 1_790_000_000_000_000 + self.calls[("nvmlDeviceGetProcessUtilization", gpu)]
             samples[i].smUtil = 75
             samples[i].memUtil = 30
         _out(count).value = len(running)

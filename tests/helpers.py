@@ -13,9 +13,7 @@ MS = 1_000_000
 S = 1_000_000_000
 
 
-def telemetry(
-    batch_id: str, run_id: str = "run-a", host: str = "host-a", n: int = 100, t0: int = T0
-) -> BatchBuilder:
+def telemetry(batch_id: str, run_id: str = "run-a", host: str = "host-a", n: int = 100, t0: int = T0) -> BatchBuilder:
     builder = BatchBuilder(batch_id, run_id=run_id, host=host)
     ts = t0 + np.arange(n) * 100 * MS
     for gpu in (0, 1):

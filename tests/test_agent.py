@@ -24,7 +24,6 @@ from query.client import Client
 from tests.test_serve import serve
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import Server, create_server
-from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 
 def config(server: str, spool: Path, **changes: object) -> AgentConfig:
@@ -144,9 +143,7 @@ def test_server_restarted_with_a_new_store(tmp_path: Path) -> None:
 
 def test_a_full_spool_drops_the_oldest_and_says_how_much(tmp_path: Path) -> None:
     agent = Agent(
-        config(
-            f"127.0.0.1:{closed_port()}", tmp_path / "spool", spool_max_bytes=40_000, shutdown_timeout=0.3
-        ),
+        config(f"127.0.0.1:{closed_port()}", tmp_path / "spool", spool_max_bytes=40_000, shutdown_timeout=0.3),
         SimulatedBackend(2),
     )
     agent.start()
@@ -290,7 +287,8 @@ def test_a_crashed_agents_spool_is_replayed_once_by_the_next(tmp_path: Path) -> 
     assert oldest is not None
     with serve(home=tmp_path) as (_, address, _):
         with grpc.insecure_channel(address) as channel:  # the server got this one before the crash
-            ingest_pb2_grpc.IngestStub(channel).Write(ingest_pb2.WriteRequest.FromString(oldest.payload))
+            write = channel.unary_unary("/tracehouse.v1.Ingest/Write", request_serializer=None)
+            write(oldest.payload, timeout=30)
         replay = _agent_cli("--simulate", "1", "--server", address, "--spool", str(spool), "--duration", "1",
                             env=env)  # fmt: skip
         out, err = replay.communicate(timeout=60)

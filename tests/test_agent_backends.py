@@ -131,9 +131,7 @@ def test_a_transient_error_skips_one_reading_only(fake: FakeNvml) -> None:
     assert fake.calls[("nvmlDeviceGetUtilizationRates", 0)] == 2
 
 
-def test_lost_gpu_is_isolated_and_reopened_with_backoff(
-    fake: FakeNvml, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_lost_gpu_is_isolated_and_reopened_with_backoff(fake: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     sampler, sent, _ = _sampler(NvmlBackend(), clock)
     sampler.fast_tick()

@@ -56,7 +56,7 @@ def test_runs_devices_metrics_summary(capsys: pytest.CaptureFixture[str], addres
     assert "resnet" in run(capsys, "query", "runs", "--server", address)[1]
     assert run(capsys, "query", "devices", "--server", address)[1].strip() == "(no rows)"
     assert "gpu.power_w" in run(capsys, "query", "metrics", "--server", address, "--run", "run-a")[1]
-    code, out, _ = run(capsys, "query", "summary", "kernels", "--server", address, "--format", "json")
+    code, out, _ = run(capsys, "query", "kernels", "--server", address, "--format", "json")
     assert code == 0 and json.loads(out)[0]["instances"] == 10
 
 

@@ -31,9 +31,7 @@ def test_write_then_read_back_once(ingest: ingest_pb2_grpc.IngestStub, store: St
     assert values.column("gpu").to_pylist()[100] == 1
 
 
-def test_same_batch_id_is_stored_once_whatever_the_retries(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
-) -> None:
+def test_same_batch_id_is_stored_once_whatever_the_retries(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
     builder = telemetry("b-retry")
     builder.add_events("kernel", [T0, T0 + MS], [T0 + MS, T0 + 2 * MS], "gemm", gpu=0)
     batch = builder.build()
@@ -48,14 +46,10 @@ def test_same_batch_id_is_stored_once_whatever_the_retries(
     assert counts(store)["ingest_batches"] == 1
 
 
-def test_concurrent_writes_of_one_batch_store_it_once(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
-) -> None:
+def test_concurrent_writes_of_one_batch_store_it_once(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
     message = request(telemetry("b-race", n=2000))
     answers: list[ingest_pb2.WriteResponse] = []
-    threads = [
-        threading.Thread(target=lambda: answers.append(ingest.Write(message, timeout=60))) for _ in range(6)
-    ]
+    threads = [threading.Thread(target=lambda: answers.append(ingest.Write(message, timeout=60))) for _ in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -107,9 +101,7 @@ def test_same_batch_id_with_other_content_is_refused(
     assert ingest.Write(request(telemetry("b-x", n=10)), timeout=30).duplicate, "the same content still is"
 
 
-def test_a_batch_over_too_many_months_is_refused_whole(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
-) -> None:
+def test_a_batch_over_too_many_months_is_refused_whole(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
     builder = telemetry("months", n=5)
     month = 31 * 86_400 * 10**9
     builder.add_events("kernel", T0 + np.arange(150) * month, T0 + np.arange(150) * month + 5, "k")
@@ -138,9 +130,7 @@ def _events(**columns: list) -> batch_pb2.Batch:  # type: ignore[type-arg]
     return batch
 
 
-def _with(
-    make: Callable[[], batch_pb2.Batch], change: Callable[[batch_pb2.Batch], object]
-) -> batch_pb2.Batch:
+def _with(make: Callable[[], batch_pb2.Batch], change: Callable[[batch_pb2.Batch], object]) -> batch_pb2.Batch:
     batch = make()
     change(batch)
     return batch
@@ -216,18 +206,14 @@ def test_nan_timestamps_are_refused_by_the_encoder() -> None:
 
 
 def test_malformed_bytes_are_invalid_argument(channel: grpc.Channel, store: Store) -> None:
-    raw = channel.unary_unary(
-        "/tracehouse.v1.Ingest/Write", request_serializer=None, response_deserializer=None
-    )
+    raw = channel.unary_unary("/tracehouse.v1.Ingest/Write", request_serializer=None, response_deserializer=None)
     with pytest.raises(grpc.RpcError) as caught:
         raw(b"\xff\xff\xff\xff not protobuf", timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tracehouse.v1.WriteRequest" in caught.value.details()
 
 
-def test_oversized_message_is_refused_naming_the_limit(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
-) -> None:
+def test_oversized_message_is_refused_naming_the_limit(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
     batch = batch_pb2.Batch(batch_id="huge", run_id="r", host="h")
     batch.dictionary.extend(["x" * 60_000] * 1200)  # ~72 MB, over the 64 MiB batch limit
     batch.samples.ts.append(T0)
@@ -253,18 +239,31 @@ def test_too_many_rows_in_one_batch(ingest: ingest_pb2_grpc.IngestStub, store: S
     assert caught.value.details().startswith("samples:")
 
 
-def test_run_and_device_descriptions_replace_earlier_ones(
-    ingest: ingest_pb2_grpc.IngestStub, store: Store
-) -> None:
+def test_run_and_device_descriptions_replace_earlier_ones(ingest: ingest_pb2_grpc.IngestStub, store: Store) -> None:
     opened = BatchBuilder("run-open").add_run("run-z", name="z", host="h", source="agent", start=T0)
     opened.add_device("h", 0, uuid="GPU-0", name="old name")
     ingest.Write(request(opened), timeout=30)
-    closed = BatchBuilder("run-closed").add_run(
-        "run-z", name="z", host="h", source="agent", start=T0, end=T0 + 5
-    )
+    closed = BatchBuilder("run-closed").add_run("run-z", name="z", host="h", source="agent", start=T0, end=T0 + 5)
     closed.add_device("h", 0, uuid="GPU-0", name="new name")
     ingest.Write(request(closed), timeout=30)
     runs = store.query("SELECT toUnixTimestamp64Nano(end) AS end FROM {db}.runs FINAL WHERE run_id = 'run-z'")
     assert runs.column("end").to_pylist() == [T0 + 5]
     devices = store.query("SELECT name FROM {db}.devices FINAL")
     assert devices.column("name").to_pylist() == ["new name"]
+
+
+def test_the_same_batch_encoded_again_is_a_duplicate_whatever_its_map_order(
+    channel: grpc.Channel, store: Store
+) -> None:
+    from tracehouse.batch import encode_request
+
+    write = channel.unary_unary(
+        "/tracehouse.v1.Ingest/Write",
+        request_serializer=None,
+        response_deserializer=ingest_pb2.WriteResponse.FromString,
+    )
+    first = BatchBuilder("maps").add_run("r", source="user", tags={"a": "1", "b": "2", "c": "3"})
+    again = BatchBuilder("maps").add_run("r", source="user", tags={"c": "3", "a": "1", "b": "2"})
+    assert not write(encode_request(first.build()), timeout=30).duplicate
+    assert write(encode_request(again.build()), timeout=30).duplicate
+    assert counts(store)["runs"] == 1

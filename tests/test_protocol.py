@@ -41,9 +41,7 @@ def test_health_check_answers_serving(channel: grpc.Channel) -> None:
 
 def test_reflection_lists_the_services(channel: grpc.Channel) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    answers = stub.ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
-    )
+    answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
     names = {s.name for answer in answers for s in answer.list_services_response.service}
     assert {"tracehouse.v1.Ingest", "tracehouse.v1.Query", "grpc.health.v1.Health"} <= names
     answers = stub.ServerReflectionInfo(

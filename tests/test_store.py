@@ -1,4 +1,4 @@
-"""The store seam: URLs, migrations, and the bench that measures it."""
+"""The store seam: URLs and migrations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from ingest.migrations import LATEST_VERSION
 from ingest.store import Store, StoreUnavailable, parse_store_url
-from tracehouse.bench import bench_ingest
 from tracehouse.model import DEFAULT_LIMITS
 
 
@@ -35,22 +34,11 @@ def test_migrations_apply_once_and_rerun_safely(tmp_path: Path) -> None:
         assert first.migrate() == LATEST_VERSION  # again: nothing to do, nothing breaks
         applied = first.query("SELECT version FROM {db}.schema_migrations").column("version").to_pylist()
         assert applied == list(range(1, LATEST_VERSION + 1))
-        tables = set(
-            first.query("SELECT name FROM system.tables WHERE database = 'tracehouse'")["name"].to_pylist()
-        )
+        tables = set(first.query("SELECT name FROM system.tables WHERE database = 'tracehouse'")["name"].to_pylist())
         assert {"runs", "devices", "samples", "events", "ingest_batches", "schema_migrations"} <= tables
         with first._client() as raw:
-            raw.command(
-                "INSERT INTO tracehouse.schema_migrations (version, name) VALUES (999, 'from the future')"
-            )
+            raw.command("INSERT INTO tracehouse.schema_migrations (version, name) VALUES (999, 'from the future')")
     finally:
         first.close()
     with pytest.raises(StoreUnavailable, match="newer than this tracehouse"):
         Store.open(url, DEFAULT_LIMITS)
-
-
-def test_bench_ingest_runs_and_loses_nothing() -> None:
-    result = bench_ingest(rows=50_000, batch_rows=10_000, rounds=2, store_url=None)
-    assert result["sent_rows"] == result["stored_rows"] == 2 * (50_000 // 128) * 128
-    assert result["grpc_rows_per_s"] > 0 and result["direct_rows_per_s"] > 0
-    assert result["ratio"] == pytest.approx(result["grpc_rows_per_s"] / result["direct_rows_per_s"], rel=1e-2)

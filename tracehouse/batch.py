@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracehouse.model import NO_GPU, NO_STREAM
-from tracehouse.v1 import batch_pb2
+from tracehouse.v1 import batch_pb2, ingest_pb2
 
 ArrayLike = npt.ArrayLike
 
@@ -25,6 +27,12 @@ EVENT_OPTIONAL_COLUMNS = {
     "depth": 0,
     "launch_start": -1,
 }
+
+
+def encode_request(batch: batch_pb2.Batch) -> bytes:
+    """A WriteRequest as bytes. The server tells a re-sent batch from another batch that
+    re-uses its id by a hash of these bytes, so maps are encoded in a fixed order."""
+    return ingest_pb2.WriteRequest(batch=batch).SerializeToString(deterministic=True)
 
 
 def as_ns(values: ArrayLike, column: str) -> npt.NDArray[np.int64]:
@@ -55,6 +63,20 @@ class _Dictionary:
             self.strings.append(value)
         return found
 
+    def codes_of(self, array: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint32]:
+        """Codes of a string (or dictionary) array: the encoding runs in Arrow and numpy, only
+        the distinct strings used pass through Python."""
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if not pa.types.is_dictionary(array.type):
+            array = pc.dictionary_encode(array)
+        indices = array.indices.to_numpy(zero_copy_only=False)
+        if not indices.size:
+            return np.zeros(0, np.uint32)
+        used, position = np.unique(indices, return_inverse=True)
+        table = np.fromiter((self.code(s) for s in array.dictionary.take(used).to_pylist()), np.uint32)
+        return table[position]
+
     def codes(self, values: str | Sequence[str], rows: int) -> list[int]:
         if isinstance(values, str):
             return [self.code(values)] * rows
@@ -83,7 +105,7 @@ class BatchBuilder:
 
     def add_samples(
         self,
-        metric: str | Sequence[str],
+        metric: str | Sequence[str] | pa.Array,
         ts: ArrayLike,
         value: ArrayLike,
         gpu: int | ArrayLike | None = None,
@@ -99,7 +121,10 @@ class BatchBuilder:
         _fill_optional(columns.pid, len(columns.ts), rows, pid, 0)
         columns.ts.extend(times.tolist())
         columns.value.extend(values.tolist())
-        columns.metric.extend(self._dictionary.codes(metric, rows))
+        if isinstance(metric, pa.Array | pa.ChunkedArray):
+            columns.metric.extend(self._dictionary.codes_of(metric).tolist())
+        else:
+            columns.metric.extend(self._dictionary.codes(metric, rows))
         return self
 
     def add_events(
@@ -138,6 +163,38 @@ class BatchBuilder:
                     columns.extra_value.append(self._dictionary.code(val))
         return self
 
+    def add_event_table(self, table: pa.RecordBatch | pa.Table) -> BatchBuilder:
+        """Rows of events from Arrow: columns kind, start, end, name, any optional event
+        column, and extras as string columns named `x:KEY` (an empty string: no extra)."""
+        rows = table.num_rows
+        columns = self._batch.events
+        first_row = len(columns.start)
+        names = set(table.column_names)
+        for column, default in EVENT_OPTIONAL_COLUMNS.items():
+            values = table.column(column).to_numpy() if column in names else None
+            target = getattr(columns, column)
+            if values is not None and not len(target) and (values == default).all():
+                values = None  # every row so far has the default: the column stays empty
+            _fill_optional(target, first_row, rows, values, default)
+        columns.start.extend(as_ns(table.column("start").to_numpy(), "events.start").tolist())
+        columns.end.extend(as_ns(table.column("end").to_numpy(), "events.end").tolist())
+        columns.kind.extend(self._dictionary.codes_of(table.column("kind")).tolist())
+        columns.name.extend(self._dictionary.codes_of(table.column("name")).tolist())
+        for column in table.column_names:
+            if not column.startswith("x:"):
+                continue
+            values = table.column(column)
+            if pa.types.is_dictionary(values.type):
+                present = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
+            else:
+                present = np.flatnonzero(pc.not_equal(values, "").to_numpy(zero_copy_only=False))
+            if present.size:
+                key = self._dictionary.code(column[2:])
+                columns.extra_row.extend((present + first_row).tolist())
+                columns.extra_key.extend([key] * present.size)
+                columns.extra_value.extend(self._dictionary.codes_of(values.take(present)).tolist())
+        return self
+
     def add_run(
         self,
         run_id: str,
@@ -150,9 +207,16 @@ class BatchBuilder:
         relative_time: bool = False,
         tags: Mapping[str, str] | None = None,
         attrs: Mapping[str, str] | None = None,
+        importing: bool = False,
     ) -> BatchBuilder:
         run = self._batch.runs.add(
-            run_id=run_id, name=name, host=host, source=source, start=start, relative_time=relative_time
+            run_id=run_id,
+            name=name,
+            host=host,
+            source=source,
+            start=start,
+            relative_time=relative_time,
+            importing=importing,
         )
         if end is not None:
             run.end = end
@@ -173,9 +237,7 @@ class BatchBuilder:
         return self._batch
 
 
-def _fill_optional(
-    target: Any, rows_before: int, rows: int, values: int | ArrayLike | None, default: int
-) -> None:
+def _fill_optional(target: Any, rows_before: int, rows: int, values: int | ArrayLike | None, default: int) -> None:
     """Append `rows` values to an optional column, keeping it empty while no row has one
     and back-filling the default once one does."""
     if values is None:

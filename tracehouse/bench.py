@@ -7,14 +7,17 @@ import argparse
 import json
 import os
 import platform
+import sqlite3
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
@@ -23,7 +26,7 @@ import numpy as np
 
 from ingest.store import Store
 from ingest.validate import ValidatedBatch, validate_batch
-from tracehouse.batch import BatchBuilder
+from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import create_server
 from tracehouse.v1 import batch_pb2, ingest_pb2
@@ -119,7 +122,7 @@ def _run(
         start = t0 + round_ * 2 * span
         started = time.perf_counter()
         encoded = [
-            ingest_pb2.WriteRequest(batch=batch).SerializeToString()
+            encode_request(batch)
             for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)
         ]
         encode_seconds = time.perf_counter() - started
@@ -232,11 +235,133 @@ def bench_agent(gpus: int, interval: float, seconds: float) -> dict[str, Any]:
     }
 
 
+GOAL_IMPORT_RATIO = 0.5
+GOAL_IMPORT_EVENTS_PER_S = 1_000_000
+
+
+def _scan(path: Path, table_names: list[str]) -> int:
+    """The baseline: read every row of the tables with Python's sqlite3, nothing else."""
+    rows = 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+        for table in table_names:
+            cursor = connection.execute(f"SELECT * FROM {table}")
+            while chunk := cursor.fetchmany(65_536):
+                rows += len(chunk)
+    return rows
+
+
+def bench_import(events: int, path: Path | None) -> dict[str, Any]:
+    """`tracehouse import` of a synthetic export of `events` events into a `tracehouse serve`,
+    each its own process as in production, against a plain sqlite3 scan of the same tables
+    in this process. The importer's peak memory comes from the kernel's accounting of it."""
+    import subprocess
+    import sys
+
+    from agent.nsys import Export
+    from agent.nsys_synthetic import Spec, write_export
+
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        if path is None:
+            path = Path(folder) / "synthetic.sqlite"
+            per_step = 51  # events of one step of the synthetic workload with 20 kernels
+            write_export(path, Spec(steps=max(1, events // per_step), kernels_per_step=20, gpu_metrics=False))
+        file_bytes = path.stat().st_size
+        with Export(path) as export:
+            source_tables = [s.table for s in export.sources()]
+        started = time.perf_counter()
+        scanned = _scan(path, source_tables)
+        scan_seconds = time.perf_counter() - started
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0"],
+            env={**os.environ, "TRACEHOUSE_HOME": folder, "PYTHONUNBUFFERED": "1"},
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            address = _listening(server)
+            importer = subprocess.Popen(
+                [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert importer.stdout is not None
+            peak_rss = _watch_rss(importer.pid)
+            output = importer.stdout.read()
+            if importer.wait() != 0:
+                raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
+            result = json.loads(output.strip().splitlines()[-1])
+            import_seconds = result["seconds"]
+            from query.client import Client
+
+            with Client(address) as client:
+                stored = int(
+                    client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0]
+                )
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    imported = sum(result["events"].values())
+    scan_rate = scanned / scan_seconds
+    import_rate = imported / import_seconds
+    return {
+        "bench": "import",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "file_bytes": file_bytes,
+        "events": imported,
+        "stored_events": stored,
+        "import_seconds": round(import_seconds, 2),
+        "import_events_per_s": round(import_rate),
+        "sqlite3_scan_rows": scanned,
+        "sqlite3_scan_rows_per_s": round(scan_rate),
+        "ratio": round(import_rate / scan_rate, 3),
+        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        "goal": {
+            "ratio": GOAL_IMPORT_RATIO,
+            "events_per_s": GOAL_IMPORT_EVENTS_PER_S,
+            "met": import_rate / scan_rate >= GOAL_IMPORT_RATIO and import_rate >= GOAL_IMPORT_EVENTS_PER_S,
+        },
+    }
+
+
+def _watch_rss(pid: int) -> list[int]:
+    """Resident memory of a process, sampled every 20 ms until it ends (the kernel's own peak
+    counter is no use here: a child inherits it from the parent it was forked from)."""
+    import psutil
+
+    seen = [0]
+
+    def sample() -> None:
+        try:
+            process = psutil.Process(pid)
+            while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                seen.append(process.memory_info().rss)
+                time.sleep(0.02)
+        except psutil.Error:
+            pass
+
+    threading.Thread(target=sample, daemon=True).start()
+    return seen
+
+
+def _listening(server: Any) -> str:
+    import re
+
+    for line in server.stderr:
+        found = re.search(r"listening on ([\d.]+:\d+)", line)
+        if found:
+            threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+            return found.group(1)
+    raise RuntimeError("tracehouse serve did not start")
+
+
 def main(args: argparse.Namespace) -> int:
     if args.what == "ingest":
         result = bench_ingest(args.rows, args.batch_rows, args.rounds, args.store)
         print(json.dumps(result, indent=2))
         return 0 if result["sent_rows"] == result["stored_rows"] else 1
+    if args.what == "import":
+        result = bench_import(args.events, args.file)
+        print(json.dumps(result, indent=2))
+        return 0 if result["events"] == result["stored_events"] else 1
     if args.what == "agent":
         result = bench_agent(args.gpus, args.interval, args.seconds)
         print(json.dumps(result, indent=2))

@@ -16,7 +16,13 @@ from tracehouse.timefmt import parse_time
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
 
-SUMMARY_KINDS = ("kernels", "api", "memops", "nvtx")
+SUMMARY_KINDS = {
+    "kernels": "cuda_gpu_kern_sum",
+    "api": "cuda_api_sum",
+    "memops": "cuda_gpu_mem_time_sum",
+    "memsize": "cuda_gpu_mem_size_sum",
+    "nvtx": "nvtx_sum",
+}
 
 
 def _time(text: str) -> int:
@@ -63,9 +69,7 @@ def _gpu(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a GPU index") from None
     if not -1 <= value <= DEFAULT_LIMITS.max_gpu_index:
-        raise argparse.ArgumentTypeError(
-            f"{value} is not a GPU index (-1 or 0..{DEFAULT_LIMITS.max_gpu_index})"
-        )
+        raise argparse.ArgumentTypeError(f"{value} is not a GPU index (-1 or 0..{DEFAULT_LIMITS.max_gpu_index})")
     return value
 
 
@@ -77,9 +81,7 @@ def _add_serve(commands: Any) -> None:
         default=None,
         help="chdb://PATH (embedded, the default: $TRACEHOUSE_HOME/store) or http(s)://user:password@host:port/db",
     )
-    serve.add_argument(
-        "--grace", type=float, default=30.0, help="seconds calls in flight get to finish on stop"
-    )
+    serve.add_argument("--grace", type=float, default=30.0, help="seconds calls in flight get to finish on stop")
     up = commands.add_parser("up", help="run everything on this machine with the embedded store")
     up.add_argument("--listen", default=config.DEFAULT_LISTEN, help="host:port (default %(default)s)")
 
@@ -91,18 +93,14 @@ def _add_agent(commands: Any) -> None:
         default=None,
         help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
     )
-    agent.add_argument(
-        "--interval", type=_seconds, default=0.1, help="seconds between samples (default %(default)s)"
-    )
+    agent.add_argument("--interval", type=_seconds, default=0.1, help="seconds between samples (default %(default)s)")
     agent.add_argument(
         "--slow-interval",
         type=_seconds,
         default=1.0,
         help="seconds between slow readings: PCIe, GPM, processes, host (default %(default)s)",
     )
-    agent.add_argument(
-        "--simulate", type=_positive, metavar="N", help="sample N simulated GPUs instead of NVML"
-    )
+    agent.add_argument("--simulate", type=_positive, metavar="N", help="sample N simulated GPUs instead of NVML")
     agent.add_argument("--run", default="", metavar="NAME", help="name the run these samples belong to")
     agent.add_argument("--host", default="", help="host name to record (default: this machine's)")
     agent.add_argument(
@@ -125,10 +123,38 @@ def _add_agent(commands: Any) -> None:
         help="seconds a batch stays open (default %(default)s)",
     )
     agent.add_argument("--duration", type=_seconds, default=None, metavar="S", help="stop after S seconds")
-    agent.add_argument(
-        "--token-file", type=Path, default=None, help="file holding a bearer token for the server"
-    )
+    agent.add_argument("--token-file", type=Path, default=None, help="file holding a bearer token for the server")
     agent.add_argument("--no-host-metrics", action="store_true", help="do not sample host CPU and memory")
+    agent.add_argument(
+        "--watch",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="import Nsight Systems exports (*.sqlite) that appear in DIR, once they stop growing",
+    )
+
+
+def _tag(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
+def _add_import(commands: Any) -> None:
+    imports = commands.add_parser("import", help="import Nsight Systems SQLite exports")
+    imports.add_argument("files", nargs="+", type=Path, metavar="FILE", help="nsys export --type sqlite output")
+    imports.add_argument(
+        "--server",
+        default=None,
+        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
+    )
+    imports.add_argument("--run-name", default="", help="name of the run (default: the file name)")
+    imports.add_argument("--host", default="", help="host to file it under (default: the one the export names)")
+    imports.add_argument(
+        "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several"
+    )
+    imports.add_argument("--token-file", type=Path, default=None, help="file holding a bearer token for the server")
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
@@ -164,9 +190,7 @@ def _add_query(commands: Any) -> None:
     metrics = sub.add_parser("metrics", parents=[common], help="series in the window")
     _add_window(metrics)
 
-    series = sub.add_parser(
-        "series", parents=[common], help="a downsampled series: min/avg/max/count per bucket"
-    )
+    series = sub.add_parser("series", parents=[common], help="a downsampled series: min/avg/max/count per bucket")
     _add_window(series)
     series.add_argument("--metric", action="append", required=True, help="repeat for several")
     series.add_argument(
@@ -182,10 +206,10 @@ def _add_query(commands: Any) -> None:
     events.add_argument("--name", action="append", default=[], help="exact name; repeat for several")
     events.add_argument("--limit", type=_positive, default=1000, help="rows (default %(default)s)")
 
-    summary = sub.add_parser("summary", parents=[common], help="nsys-stats style summary per name")
-    summary.add_argument("kind", choices=SUMMARY_KINDS)
-    _add_window(summary)
-    summary.add_argument("--limit", type=_positive, default=None, help="top N names by total time")
+    for kind, report in SUMMARY_KINDS.items():
+        summary = sub.add_parser(kind, parents=[common], help=f"per name, like nsys stats {report}")
+        _add_window(summary)
+        summary.add_argument("--limit", type=_positive, default=None, help="the top N names by total")
 
     sql = sub.add_parser("sql", parents=[common], help="read-only SQL, limited in time and size")
     sql.add_argument("sql", help="the query; - reads it from stdin")
@@ -200,6 +224,9 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--batch-rows", type=_positive, default=100_000)
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
+    nsys = sub.add_parser("import", help="events/s importing an Nsight Systems export vs a sqlite3 scan")
+    nsys.add_argument("--events", type=_positive, default=5_000_000, help="size of the synthetic export")
+    nsys.add_argument("--file", type=Path, default=None, help="an export to import instead of a synthetic one")
     agent = sub.add_parser("agent", help="the agent's CPU share of one core, simulated GPUs at 10 Hz")
     agent.add_argument("--gpus", type=_positive, default=8)
     agent.add_argument("--interval", type=_seconds, default=0.1)
@@ -215,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
     _add_agent(commands)
+    _add_import(commands)
     _add_query(commands)
     _add_bench(commands)
     return parser
@@ -240,8 +268,8 @@ def run_query(args: argparse.Namespace) -> int:
             frame = client.series(args.metric, args.max_points, **_window(args))
         elif args.what == "events":
             frame = client.events(args.kind, args.name, limit=args.limit, **_window(args))
-        elif args.what == "summary":
-            frame = client.summary(args.kind, args.limit or 0, **_window(args))
+        elif args.what in SUMMARY_KINDS:
+            frame = client.summary(args.what, args.limit or 0, **_window(args))
         else:
             text = sys.stdin.read() if args.sql == "-" else args.sql
             frame = client.sql(text, args.max_rows or 0)
@@ -287,7 +315,11 @@ def run_agent(args: argparse.Namespace) -> int:
         host=args.host,
         token=_read_token(args.token_file),
         host_metrics=not args.no_host_metrics,
+        watch=args.watch,
     )
+    if args.watch is not None and not args.watch.is_dir():
+        print(f"tracehouse: --watch {args.watch}: not a folder", file=sys.stderr)
+        return EXIT_USAGE
     try:
         backend = open_backend(args.simulate)
     except BackendUnavailable as error:
@@ -301,6 +333,60 @@ def run_agent(args: argparse.Namespace) -> int:
     stop.wait(args.duration)
     print(json.dumps(agent.stop()), flush=True)
     return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from agent.importer import import_export
+    from agent.nsys import NsysError
+    from agent.writer import BatchWriter, WriteFailed
+
+    writer = BatchWriter(args.server or config.default_server(), _read_token(args.token_file))
+    status = 0
+    try:
+        for path in args.files:
+            progress = _Progress(path.name) if sys.stderr.isatty() else None
+            try:
+                result = import_export(path, writer, args.run_name, args.host, dict(args.tag), progress)
+            except NsysError as error:
+                print(f"tracehouse: {error}", file=sys.stderr)
+                status = max(status, EXIT_USAGE)
+                continue
+            except WriteFailed as error:
+                print(f"tracehouse: {path.name}: the server did not take it: {error}", file=sys.stderr)
+                return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+            finally:
+                if progress:
+                    progress.done()
+            print(result.json(), flush=True)
+    finally:
+        writer.close()
+    return status
+
+
+class _Progress:
+    """One line on a terminal: source, rows so far of about how many."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.shown = 0.0
+
+    def __call__(self, source: str, done: int, expected: int) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self.shown > 0.2:
+            self.shown = now
+            share = done / expected if expected else 1.0
+            bar = "#" * int(30 * share)
+            print(
+                f"\r{self.label} {source:<9} [{bar:<30}] {done:>11,} rows",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def done(self) -> None:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -374,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_serve(args)
     if args.command == "agent":
         return run_agent(args)
+    if args.command == "import":
+        return run_import(args)
     if args.command == "bench":
         from tracehouse import bench
 

@@ -58,7 +58,7 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def _method_handler(
-    request_type: type[Message], behavior: Callable[[Any, Any], Any], max_request_bytes: int
+    request_type: type[Message], behavior: Callable[..., Any], max_request_bytes: int, pass_encoded: bool
 ) -> grpc.RpcMethodHandler:
     """Parse requests ourselves, so that a malformed or oversized one is INVALID_ARGUMENT
     with a reason rather than an opaque deserialization failure."""
@@ -75,7 +75,7 @@ def _method_handler(
         except DecodeError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {name}: {error}")
         try:
-            return behavior(request, context)
+            return behavior(request, context, data) if pass_encoded else behavior(request, context)
         except Exception as error:
             code, message = status_for(error)
             context.abort(code, message)
@@ -85,14 +85,14 @@ def _method_handler(
     )
 
 
-def add_service(
-    server: grpc.Server, service: ServiceDescriptor, servicer: Any, max_request_bytes: int
-) -> None:
+def add_service(server: grpc.Server, service: ServiceDescriptor, servicer: Any, max_request_bytes: int) -> None:
+    encoded = getattr(servicer, "wants_encoded_request", ())
     handlers = {
         method.name: _method_handler(
             message_factory.GetMessageClass(method.input_type),
             getattr(servicer, method.name),
             max_request_bytes,
+            method.name in encoded,
         )
         for method in service.methods
     }
@@ -106,9 +106,7 @@ class Server:
     health: health.HealthServicer
 
     def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", INGEST.full_name, QUERY.full_name):
             self.health.set(service, status)
 
@@ -159,9 +157,7 @@ def _wait_for_store(store: Store, server: Server, stop: threading.Event) -> None
             log.warning("%s; retrying in %.0f s", error, delay)
             delay = min(delay * 2, 30.0)
             continue
-        log.info(
-            "store %s is reachable (schema v%d): serving", store.location.display, store.schema_version()
-        )
+        log.info("store %s is reachable (schema v%d): serving", store.location.display, store.schema_version())
         server.set_serving(True)
         return
 
@@ -198,9 +194,7 @@ def serve(
             threading.Thread(target=_wait_for_store, args=(store, server, stop), daemon=True).start()
         host = listen.rsplit(":", 1)[0]
         if not is_loopback(listen):
-            log.warning(
-                "listening on %s without authentication: anyone who can reach it can read and write", host
-            )
+            log.warning("listening on %s without authentication: anyone who can reach it can read and write", host)
         log.info("tracehouse serve: listening on %s:%d, store %s", host, server.port, store.location.display)
         if on_ready is not None:
             on_ready(f"{host}:{server.port}")

@@ -85,7 +85,7 @@ class EventColumns(_message.Message):
     def __init__(self, kind: _Optional[_Iterable[int]] = ..., start: _Optional[_Iterable[int]] = ..., end: _Optional[_Iterable[int]] = ..., name: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., stream: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., tid: _Optional[_Iterable[int]] = ..., correlation_id: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., depth: _Optional[_Iterable[int]] = ..., run: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., extra_row: _Optional[_Iterable[int]] = ..., extra_key: _Optional[_Iterable[int]] = ..., extra_value: _Optional[_Iterable[int]] = ..., id: _Optional[_Iterable[int]] = ..., launch_start: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "name", "host", "source", "start", "end", "relative_time", "tags", "attrs")
+    __slots__ = ("run_id", "name", "host", "source", "start", "end", "relative_time", "tags", "attrs", "importing")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class Run(_message.Message):
     RELATIVE_TIME_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     ATTRS_FIELD_NUMBER: _ClassVar[int]
+    IMPORTING_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     host: str
@@ -118,7 +119,8 @@ class Run(_message.Message):
     relative_time: bool
     tags: _containers.ScalarMap[str, str]
     attrs: _containers.ScalarMap[str, str]
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., relative_time: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    importing: bool
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., relative_time: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., importing: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("host", "gpu", "uuid", "name", "memory_total", "sm_count", "driver", "pci_bus_id", "run_id", "attrs")

@@ -1,0 +1,86 @@
+"""Synchronous batch writes for one-shot jobs (imports): a few calls in flight, transient
+failures retried with backoff, and any failure that remains raised to the caller."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import grpc
+
+from agent.shipper import PERMANENT
+from tracehouse.batch import encode_request
+from tracehouse.v1 import batch_pb2, ingest_pb2
+
+
+class WriteFailed(Exception):
+    """The server refused a batch, or stayed unreachable; `code` is the last gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+class BatchWriter:
+    def __init__(self, server: str, token: str | None = None, concurrency: int = 2, patience: float = 60.0) -> None:
+        self.server = server
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = grpc.insecure_channel(server, options=[("grpc.max_send_message_length", 256 << 20)])
+        self._write = self._channel.unary_unary(
+            "/tracehouse.v1.Ingest/Write",
+            request_serializer=None,  # encoded by the caller's thread, sent by the pool's
+            response_deserializer=ingest_pb2.WriteResponse.FromString,
+        )
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="writer")
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._pending: list[Future[ingest_pb2.WriteResponse]] = []
+        self._patience = patience
+        self.batches = 0
+        self.duplicates = 0
+
+    def write(self, batch: batch_pb2.Batch) -> None:
+        """Send a batch; blocks while `concurrency` calls are in flight. Raises WriteFailed
+        for an earlier batch that failed."""
+        self._reap(block=False)
+        request = encode_request(batch)
+        self._slots.acquire()
+        future = self._pool.submit(self._send, request)
+        future.add_done_callback(lambda _: self._slots.release())
+        self._pending.append(future)
+
+    def flush(self) -> None:
+        """Wait for every batch written so far; raises WriteFailed if one failed."""
+        self._reap(block=True)
+
+    def _reap(self, block: bool) -> None:
+        still = []
+        for future in self._pending:
+            if block or future.done():
+                answer = future.result()  # raises WriteFailed
+                self.batches += 1
+                self.duplicates += int(answer.duplicate)
+            else:
+                still.append(future)
+        self._pending = still
+
+    def _send(self, request: bytes) -> ingest_pb2.WriteResponse:
+        deadline = time.monotonic() + self._patience
+        delay = 0.25
+        while True:
+            try:
+                answer: ingest_pb2.WriteResponse = self._write(request, timeout=60, metadata=self._metadata)
+                return answer
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in PERMANENT or time.monotonic() + delay > deadline:
+                    raise WriteFailed(code, error.details() or "") from None
+            time.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 10.0)
+
+    def close(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        self._channel.close()

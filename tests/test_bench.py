@@ -1,0 +1,27 @@
+"""Each benchmark runs end to end on a small size and checks what it measured (not how fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracehouse.bench import bench_agent, bench_import, bench_ingest
+
+
+def test_bench_ingest_runs_and_loses_nothing() -> None:
+    result = bench_ingest(rows=50_000, batch_rows=10_000, rounds=2, store_url=None)
+    assert result["sent_rows"] == result["stored_rows"] == 2 * (50_000 // 128) * 128
+    assert result["grpc_rows_per_s"] > 0 and result["direct_rows_per_s"] > 0
+    assert result["ratio"] == pytest.approx(result["grpc_rows_per_s"] / result["direct_rows_per_s"], rel=1e-2)
+
+
+def test_bench_import_runs_and_stores_every_event() -> None:
+    result = bench_import(events=20_000, path=None)
+    assert result["events"] == result["stored_events"] > 19_000
+    assert result["sqlite3_scan_rows"] >= result["events"]
+    assert result["importer_peak_rss_mb"] > 0 and result["ratio"] > 0
+
+
+def test_bench_agent_runs_and_stores_every_value() -> None:
+    result = bench_agent(gpus=2, interval=0.1, seconds=2.0)
+    assert result["sampled_values"] == result["stored_values"] > 0
+    assert 0 < result["agent_share_of_one_core"] < 1
