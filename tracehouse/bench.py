@@ -121,10 +121,7 @@ def _run(
         span = rows // (GPUS * len(METRICS)) * TICK_NS
         start = t0 + round_ * 2 * span
         started = time.perf_counter()
-        encoded = [
-            encode_request(batch)
-            for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)
-        ]
+        encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
         encode_seconds = time.perf_counter() - started
         tables: list[ValidatedBatch] = [
             validate_batch(b, DEFAULT_LIMITS, 0)
