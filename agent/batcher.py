@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.gpu import DeviceInfo
+from agent.gpu import DeviceInfo, describe_device
 from agent.spool import EncodedBatch
 from tracehouse.batch import BatchBuilder, encode_request
 
@@ -100,18 +100,7 @@ class Batcher:
             for run in self._runs:
                 builder.add_run(**run)
             for device in self._devices:
-                builder.add_device(
-                    self.host,
-                    device.index,
-                    uuid=device.uuid,
-                    name=device.name,
-                    memory_total=device.memory_total,
-                    sm_count=device.sm_count,
-                    driver=device.driver,
-                    pci_bus_id=device.pci_bus_id,
-                    run_id=self.run_id,
-                    attrs=dict(device.attrs),
-                )
+                describe_device(builder, self.host, self.run_id, device)
             batch = builder.build()
             self._reset()
         encoded = EncodedBatch(batch.batch_id, encode_request(batch), values)

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tracehouse.batch import BatchBuilder
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -28,6 +30,22 @@ class ProcessReading:
     gpu_mem_bytes: float | None = None
     sm_util_pct: float | None = None
     mem_util_pct: float | None = None
+
+
+def describe_device(builder: BatchBuilder, host: str, run_id: str, device: DeviceInfo) -> None:
+    """Add a device description to a batch: the inventory goes to `devices`."""
+    builder.add_device(
+        host,
+        device.index,
+        uuid=device.uuid,
+        name=device.name,
+        memory_total=device.memory_total,
+        sm_count=device.sm_count,
+        driver=device.driver,
+        pci_bus_id=device.pci_bus_id,
+        run_id=run_id,
+        attrs=dict(device.attrs),
+    )
 
 
 class BackendUnavailable(Exception):

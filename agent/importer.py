@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agent.gpu import describe_device
 from agent.nsys import Export, Session, Source
 from tracehouse.batch import BatchBuilder
 from tracehouse.v1 import batch_pb2
@@ -197,17 +198,7 @@ def _names(
     """GPUs, and names of the processes and threads that own events; None when there are none."""
     builder = BatchBuilder(f"{run_id}/names", run_id=run_id, host=host)
     for gpu in export.session.gpus:
-        builder.add_device(
-            host,
-            gpu.index,
-            uuid=gpu.uuid,
-            name=gpu.name,
-            memory_total=gpu.memory_total,
-            sm_count=gpu.sm_count,
-            pci_bus_id=gpu.pci_bus_id,
-            run_id=run_id,
-            attrs=dict(gpu.attrs),
-        )
+        describe_device(builder, host, run_id, gpu)
         result.devices += 1
     threads = {(pid, tid) for pid, tid in threads if pid or tid}
     processes = export.process_names({pid for pid, _ in threads})

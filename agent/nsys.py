@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agent.gpu import DeviceInfo
+
 CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
 SQLITE_MAGIC = b"SQLite format 3\x00"
 NONE_32 = 4294967295  # "none" as nsys writes it in 32-bit columns
@@ -64,17 +66,6 @@ class NsysError(Exception):
 
 
 @dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    memory_total: int
-    sm_count: int
-    pci_bus_id: str
-    attrs: Mapping[str, str]
-
-
-@dataclass(frozen=True)
 class Session:
     digest: str  # sha256 of the file
     size: int
@@ -84,7 +75,7 @@ class Session:
     schema_version: str
     host: str
     command: str
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[DeviceInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -270,7 +261,7 @@ class Export:
                 earliest = min(earliest, value)
         return earliest
 
-    def _gpus(self) -> tuple[Gpu, ...]:
+    def _gpus(self) -> tuple[DeviceInfo, ...]:
         table = "TARGET_INFO_GPU"
         if not self.inspection.has(table, "id"):
             return ()
@@ -281,16 +272,20 @@ SELECT {col(table, "g", "cuDevice", "g.id")}, {col(table, "g", "uuid", "''")}, {
        {col(table, "g", "busLocation", "''")}, {col(table, "g", "chipName", "''")},
        {col(table, "g", "computeMajor", "0")}, {col(table, "g", "computeMinor", "0")}
 FROM {table} AS g ORDER BY g.id"""
+        driver = ""
+        if self.inspection.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
+            driver = self._value("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'NvDriverVersion'") or ""
         gpus = []
         for index, uuid, name, memory, sms, bus, chip, major, minor in self._sqlite.execute(sql):
             gpus.append(
-                Gpu(
+                DeviceInfo(
                     index=int(index),
                     uuid=_gpu_uuid(str(uuid)),
                     name=str(name),
                     memory_total=max(0, int(memory)),
                     sm_count=max(0, int(sms)) if int(sms) != NONE_32 else 0,
                     pci_bus_id=str(bus),
+                    driver=str(driver),
                     attrs={"chip": str(chip), "compute_capability": f"{major}.{minor}"},
                 )
             )
@@ -326,8 +321,8 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
     def sources(self) -> list[Source]:
         """The event sources this file has, in import order."""
         found = []
-        for make in (_kernels, _memcpy, _memset, _api, _sync, _nvtx, _osrt, _library("cudnn", "CUDNN_EVENTS"),
-                     _library("cublas", "CUBLAS_EVENTS")):  # fmt: skip
+        for make in (_kernels, _memcpy, _memset, _api, _sync, _nvtx, _host_calls("osrt", "OSRT_API"),
+                     _host_calls("cudnn", "CUDNN_EVENTS"), _host_calls("cublas", "CUBLAS_EVENTS")):  # fmt: skip
             source = make(self.inspection, getattr(self, "session", None))
             if source is not None:
                 found.append(source)
@@ -649,27 +644,17 @@ ORDER BY n.globalTid, n.start, "end" DESC"""  # fmt: skip
     return Source("nvtx", table, sql, nvtx_depth=True)
 
 
-def _osrt(inspection: _Inspection, session: Session | None) -> Source | None:
-    table = "OSRT_API"
-    if not inspection.has(table, "start", "end", "nameId"):
-        return None
-    offset = _offset(session)
-    sql = f"""
-SELECT {_select(f"o.start + {offset} AS start", f'o."end" + {offset} AS "end", o.nameId AS name',
-               *_thread(inspection, table, "o"),
-               "COALESCE(o.nestingLevel, 0) AS depth" if inspection.has(table, "nestingLevel") else "")}
-FROM {table} AS o"""  # fmt: skip
-    return Source("osrt", table, sql)
+def _host_calls(kind: str, table: str) -> Any:
+    """Calls on the host named by a StringIds id: OS runtime, cuDNN, cuBLAS."""
 
-
-def _library(kind: str, table: str) -> Any:
     def make(inspection: _Inspection, session: Session | None) -> Source | None:
         if not inspection.has(table, "start", "end", "nameId"):
             return None
         offset = _offset(session)
         sql = f"""
 SELECT {_select(f"e.start + {offset} AS start", f'e."end" + {offset} AS "end", e.nameId AS name',
-               *_thread(inspection, table, "e"))}
+               *_thread(inspection, table, "e"),
+               "COALESCE(e.nestingLevel, 0) AS depth" if inspection.has(table, "nestingLevel") else "")}
 FROM {table} AS e"""  # fmt: skip
         return Source(kind, table, sql)
 
