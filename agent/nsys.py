@@ -681,11 +681,14 @@ def _launch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 class _NvtxDepth:
-    """Nesting depth of push/pop ranges, per thread, over rows ordered by (thread, start,
-    end descending); the open ranges of each thread carry over from chunk to chunk."""
+    """The row of each NVTX range in its thread's lanes, over rows ordered by (thread, start,
+    end descending): a push/pop range's nesting depth; for start/end ranges, which may overlap
+    in any way, the first lane free at its start. Ranges in one lane of one thread never overlap,
+    which the GPU projection relies on. Open ranges carry over from chunk to chunk."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[int, int], list[int]] = {}
+        self._stacks: dict[tuple[int, int], list[int]] = {}
+        self._lanes: dict[tuple[int, int], list[int]] = {}
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         starts = batch.column("start").to_pylist()
@@ -695,12 +698,20 @@ class _NvtxDepth:
         styles = batch.column("x:style").to_pylist()
         depths = []
         for start, end, pid, tid, style in zip(starts, ends, pids, tids, styles, strict=True):
-            if style != "PushPop":
+            if style == "PushPop":
+                stack = self._stacks.setdefault((pid, tid), [])
+                while stack and stack[-1] <= start:
+                    stack.pop()
+                depths.append(len(stack))
+                stack.append(end)
+            elif style == "StartEnd":
+                lanes = self._lanes.setdefault((pid, tid), [])
+                lane = next((i for i, busy_until in enumerate(lanes) if busy_until <= start), len(lanes))
+                if lane == len(lanes):
+                    lanes.append(end)
+                else:
+                    lanes[lane] = end
+                depths.append(lane)
+            else:
                 depths.append(0)
-                continue
-            stack = self._open.setdefault((pid, tid), [])
-            while stack and stack[-1] <= start:
-                stack.pop()
-            depths.append(len(stack))
-            stack.append(end)
         return batch.append_column("depth", pa.array(depths, pa.int64()))

@@ -57,8 +57,15 @@ def make_window(
     gpu: int | Sequence[int] | None = None,
     start: TimeLike | None = None,
     end: TimeLike | None = None,
+    range: str | None = None,
+    instance: int | None = None,
 ) -> query_pb2.Window:
-    window = query_pb2.Window(run_id=run or "", hosts=_as_list(host), gpus=_as_list(gpu))
+    """run, host, gpu, start, end; or range (an NVTX range name) and instance (from 1): the
+    span of that instance of the range."""
+    window = query_pb2.Window(
+        run_id=run or "", hosts=_as_list(host), gpus=_as_list(gpu), range_name=range or "",
+        range_instance=instance or 0,
+    )  # fmt: skip
     if start is not None:
         window.from_ns = to_ns(start)
     if end is not None:
@@ -71,6 +78,22 @@ def _times(frame: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
         if column in frame:
             frame[column] = pd.to_datetime(frame[column], unit="ns", utc=True)
     return frame
+
+
+def to_frame(table: pa.Table) -> pd.DataFrame:
+    """A DataFrame that keeps integers exact: an integer column with gaps becomes pandas'
+    nullable Int64, not float64 (which would round ns timestamps)."""
+    frame = table.to_pandas()
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if column.null_count and pa.types.is_integer(column.type):
+            frame[name] = pd.array(
+                column.to_pylist(), dtype="UInt64" if pa.types.is_unsigned_integer(column.type) else "Int64"
+            )
+    return frame
+
+
+def frame_of(message: query_pb2.Table) -> pd.DataFrame:
+    return to_frame(arrow_table(message))
 
 
 def arrow_table(message: query_pb2.Table) -> pa.Table:
@@ -218,7 +241,36 @@ class Client:
     def summary(self, kind: str, limit: int = 0, **window: Any) -> pd.DataFrame:
         """nsys-stats style summary: kind is kernels, api, memops or nvtx."""
         answer = self._call("Summary", query_pb2.SummaryRequest(window=make_window(**window), kind=kind, limit=limit))
-        return arrow_table(answer).to_pandas()
+        return frame_of(answer)
+
+    def gpu_time(self, min_gap_ns: int = 0, max_gaps: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
+        """{"gpus": busy/idle per GPU, "gaps": idle gaps longer than min_gap_ns, longest first}."""
+        request = query_pb2.GpuTimeRequest(window=make_window(**window), min_gap_ns=min_gap_ns, max_gaps=max_gaps)
+        answer = self._call("GpuTime", request)
+        return {"gpus": frame_of(answer.gpus), "gaps": frame_of(answer.gaps)}
+
+    def nvtx_gpu(self, limit: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
+        """{"summary": per range name, "ranges": each range with the GPU work launched inside it}."""
+        answer = self._call("NvtxGpu", query_pb2.NvtxGpuRequest(window=make_window(**window), limit=limit))
+        return {"summary": frame_of(answer.summary), "ranges": frame_of(answer.ranges)}
+
+    def phases(self, **window: Any) -> pd.DataFrame:
+        """Per phase name and GPU: instances, time, GPU busy % and NVML telemetry inside."""
+        return arrow_table(self._call("Phases", query_pb2.PhasesRequest(window=make_window(**window)))).to_pandas()
+
+    def launch(self, short_ns: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
+        """{"latency": per kernel name, "short_kernels", "idle_after_sync": per GPU}."""
+        answer = self._call("Launch", query_pb2.LaunchRequest(window=make_window(**window), short_ns=short_ns))
+        return {
+            "latency": frame_of(answer.latency),
+            "short_kernels": frame_of(answer.short_kernels),
+            "idle_after_sync": frame_of(answer.idle_after_sync),
+        }
+
+    def diff(self, run_a: str, run_b: str, summaries: Sequence[str] = (), limit: int = 0) -> pd.DataFrame:
+        """Kernel, API and memory-operation summaries of two runs side by side, biggest |Δ| first."""
+        request = query_pb2.DiffRequest(run_a=run_a, run_b=run_b, summaries=list(summaries), limit=limit)
+        return frame_of(self._call("Diff", request))
 
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
         """Read-only SQL; returns the result and whether it was truncated at max_rows."""
@@ -227,7 +279,7 @@ class Client:
 
     def sql(self, sql: str, max_rows: int = 0) -> pd.DataFrame:
         table, truncated = self.sql_arrow(sql, max_rows)
-        frame = table.to_pandas()
+        frame = to_frame(table)
         frame.attrs["truncated"] = truncated
         return frame
 

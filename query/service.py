@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
-from query import sql
+from query import analysis, sql
 from query.window import (
     QueryError,
     RunNotFound,
@@ -23,6 +24,9 @@ from query.window import (
 )
 from tracehouse.model import EVENT_KINDS, Limits
 from tracehouse.v1 import batch_pb2, query_pb2, query_pb2_grpc
+
+DEFAULT_MIN_GAP_NS = 1_000_000
+DEFAULT_SHORT_NS = 10_000
 
 
 def window_of(message: query_pb2.Window, limits: Limits) -> Window:
@@ -49,6 +53,20 @@ class QueryService(query_pb2_grpc.QueryServicer):
     def __init__(self, store: Store) -> None:
         self.store = store
         self.limits = store.limits
+
+    def _scope(self, message: query_pb2.Window) -> tuple[Window, RunSpan | None]:
+        """The window a request asks about, with its run; an NVTX range instance becomes its span."""
+        window = window_of(message, self.limits)
+        run = self._run(window)
+        if not message.range_name:
+            return window, run
+        instance = message.range_instance or 1
+        text, params = analysis.range_instance(event_predicates(window, run), message.range_name, instance)
+        found = self.store.query(text, params).to_pylist()
+        if not found:
+            raise RunNotFound(f"no instance {instance} of range {message.range_name[:200]!r} in the window")
+        span = replace(window, from_ns=found[0]["s"], to_ns=max(found[0]["e"], found[0]["s"] + 1))
+        return span.check(self.limits), run
 
     def _run(self, window: Window) -> RunSpan | None:
         if not window.run_id:
@@ -92,8 +110,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
         return answer
 
     def ListMetrics(self, request: query_pb2.ListMetricsRequest, context: Any) -> query_pb2.ListMetricsResponse:
-        window = window_of(request.window, self.limits)
-        where = sample_predicates(window, self._run(window))
+        window, run = self._scope(request.window)
+        where = sample_predicates(window, run)
         text, params = sql.metrics(where, self.limits.max_list_rows)
         answer = query_pb2.ListMetricsResponse()
         for row in _rows(self.store.query(text, params)):
@@ -101,12 +119,11 @@ class QueryService(query_pb2_grpc.QueryServicer):
         return answer
 
     def Series(self, request: query_pb2.SeriesRequest, context: Any) -> query_pb2.SeriesResponse:
-        window = window_of(request.window, self.limits)
         metric_names = names("metrics", request.metrics, self.limits)
         if not metric_names:
             raise QueryError("metrics", "name at least one metric")
         max_points = _bounded(request.max_points, self.limits.default_points, self.limits.max_points, "max_points")
-        run = self._run(window)
+        window, run = self._scope(request.window)
         where = sample_predicates(window, run)
         where.params["metrics"] = metric_names
         start, end = bounds(window, run)
@@ -138,14 +155,14 @@ class QueryService(query_pb2_grpc.QueryServicer):
         return answer
 
     def Events(self, request: query_pb2.EventsRequest, context: Any) -> query_pb2.EventsResponse:
-        window = window_of(request.window, self.limits)
+        window, run = self._scope(request.window)
         for kind in request.kinds:
             if kind not in EVENT_KINDS:
                 raise QueryError("kinds", f"unknown kind {kind[:64]!r}; known: {', '.join(EVENT_KINDS)}")
         page_size = _bounded(request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size")
         after = sql.parse_page_token(request.page_token)
         where = sql.kinds_filter(
-            event_predicates(window, self._run(window)),
+            event_predicates(window, run),
             list(request.kinds),
             names("names", request.names, self.limits),
         )
@@ -160,11 +177,62 @@ class QueryService(query_pb2_grpc.QueryServicer):
         return answer
 
     def Summary(self, request: query_pb2.SummaryRequest, context: Any) -> query_pb2.Table:
-        window = window_of(request.window, self.limits)
-        where = event_predicates(window, self._run(window))
-        text, params = sql.summary(where, request.kind, request.limit)
+        window, run = self._scope(request.window)
+        return self._table(*sql.summary(event_predicates(window, run), request.kind, request.limit))
+
+    def _table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         table = self.store.query(text, params)
         return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows)
+
+    # -- analyses -----------------------------------------------------------------------
+
+    def GpuTime(self, request: query_pb2.GpuTimeRequest, context: Any) -> query_pb2.GpuTimeResponse:
+        window, run = self._scope(request.window)
+        clip_from, clip_to = bounds(window, run)
+        min_gap = request.min_gap_ns or DEFAULT_MIN_GAP_NS
+        if min_gap < 0:
+            raise QueryError("min_gap_ns", "must not be negative")
+        max_gaps = _bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
+        return query_pb2.GpuTimeResponse(
+            gpus=self._table(*analysis.gpu_time(event_predicates(window, run), clip_from, clip_to)),
+            gaps=self._table(*analysis.gpu_gaps(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps)),
+        )
+
+    def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
+        window, run = self._scope(request.window)
+        limit = _bounded(request.limit, 1000, self.limits.max_list_rows, "limit")
+        summary, ranges = analysis.nvtx_gpu(event_predicates(window, run), limit)
+        return query_pb2.NvtxGpuResponse(summary=self._table(*summary), ranges=self._table(*ranges))
+
+    def Phases(self, request: query_pb2.PhasesRequest, context: Any) -> query_pb2.Table:
+        window, run = self._scope(request.window)
+        return self._table(*analysis.phases(event_predicates(window, run)))
+
+    def Launch(self, request: query_pb2.LaunchRequest, context: Any) -> query_pb2.LaunchResponse:
+        window, run = self._scope(request.window)
+        short = request.short_ns or DEFAULT_SHORT_NS
+        if short < 0:
+            raise QueryError("short_ns", "must not be negative")
+        clip_from, clip_to = bounds(window, run)
+        syncs = event_predicates(window, run)
+        return query_pb2.LaunchResponse(
+            latency=self._table(*analysis.launch_latency(event_predicates(window, run))),
+            short_kernels=self._table(*analysis.short_kernels(event_predicates(window, run), short)),
+            idle_after_sync=self._table(
+                *analysis.idle_after_sync(event_predicates(window, run), syncs, clip_from, clip_to)
+            ),
+        )
+
+    def Diff(self, request: query_pb2.DiffRequest, context: Any) -> query_pb2.Table:
+        for field, run_id in (("run_a", request.run_a), ("run_b", request.run_b)):
+            if not run_id:
+                raise QueryError(field, "required")
+            self._run(Window(run_id=run_id).check(self.limits))
+        summaries = list(request.summaries) or list(analysis.DIFF_CATEGORIES)
+        for name in summaries:
+            if name not in analysis.DIFF_CATEGORIES:
+                raise QueryError("summaries", f"{name[:64]!r} is not one of {', '.join(analysis.DIFF_CATEGORIES)}")
+        return self._table(*analysis.diff(request.run_a, request.run_b, summaries, request.limit))
 
     def Sql(self, request: query_pb2.SqlRequest, context: Any) -> query_pb2.Table:
         if not request.sql.strip():

@@ -164,6 +164,18 @@ def _add_window(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
     group.add_argument("--host", action="append", default=[], help="repeat for several")
     group.add_argument("--gpu", action="append", type=_gpu, default=[], help="repeat for several")
+    group.add_argument("--range", default=None, metavar="NAME", help="the span of one instance of this NVTX range")
+    group.add_argument("--instance", type=_positive, default=None, metavar="I",
+                       help="which instance of --range, from 1 in start order (default 1)")  # fmt: skip
+
+
+def _duration(text: str) -> int:
+    from tracehouse.timefmt import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_query(commands: Any) -> None:
@@ -211,6 +223,43 @@ def _add_query(commands: Any) -> None:
         _add_window(summary)
         summary.add_argument("--limit", type=_positive, default=None, help="the top N names by total")
 
+    gpu_time = sub.add_parser("gpu-time", parents=[common], help="busy and idle time per GPU, and idle gaps")
+    _add_window(gpu_time)
+    gpu_time.add_argument(
+        "--min-gap",
+        type=_duration,
+        default=1_000_000,
+        metavar="DURATION",
+        help="idle gaps longer than this (default 1ms)",
+    )
+    gpu_time.add_argument("--max-gaps", type=_positive, default=1000, help="the longest N gaps (default %(default)s)")
+    nvtx_gpu = sub.add_parser("nvtx-gpu", parents=[common], help="NVTX ranges projected onto the GPU work they launch")
+    _add_window(nvtx_gpu)
+    nvtx_gpu.add_argument("--limit", type=_positive, default=1000, help="ranges listed (default %(default)s)")
+    phases = sub.add_parser("phases", parents=[common], help="GPU busy %% and telemetry inside each phase")
+    _add_window(phases)
+    launch = sub.add_parser("launch", parents=[common], help="launch latency, short kernels, idle after syncs")
+    _add_window(launch)
+    launch.add_argument(
+        "--short",
+        type=_duration,
+        default=10_000,
+        metavar="DURATION",
+        help="kernels shorter than this are short (default 10us)",
+    )
+    diff = sub.add_parser("diff", parents=[common], help="two runs side by side, the biggest changes first")
+    diff.add_argument(
+        "--run", dest="runs", action="append", default=[], required=True, metavar="RUN", help="twice: --run A --run B"
+    )
+    diff.add_argument(
+        "--summary",
+        action="append",
+        default=[],
+        choices=("kernels", "api", "memops"),
+        help="which summaries (default all three)",
+    )
+    diff.add_argument("--limit", type=_positive, default=None, help="the top N changes")
+
     sql = sub.add_parser("sql", parents=[common], help="read-only SQL, limited in time and size")
     sql.add_argument("sql", help="the query; - reads it from stdin")
     sql.add_argument("--max-rows", type=_positive, default=None)
@@ -249,14 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _window(args: argparse.Namespace) -> dict[str, Any]:
-    return {"run": args.run, "host": args.host, "gpu": args.gpu, "start": args.start, "end": args.end}
+    return {
+        "run": args.run, "host": args.host, "gpu": args.gpu, "start": args.start, "end": args.end,
+        "range": args.range, "instance": args.instance,
+    }  # fmt: skip
 
 
 def run_query(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from query.client import Client, QueryFailed
-    from tracehouse.output import render
+    from tracehouse.output import render, render_many
 
     client = Client(args.server, timeout=args.timeout)
+    frame: pd.DataFrame | dict[str, pd.DataFrame]
     try:
         if args.what == "runs":
             frame = client.runs(args.host, args.source or "", args.name, args.limit)
@@ -270,6 +325,19 @@ def run_query(args: argparse.Namespace) -> int:
             frame = client.events(args.kind, args.name, limit=args.limit, **_window(args))
         elif args.what in SUMMARY_KINDS:
             frame = client.summary(args.what, args.limit or 0, **_window(args))
+        elif args.what == "gpu-time":
+            frame = client.gpu_time(args.min_gap, args.max_gaps, **_window(args))
+        elif args.what == "nvtx-gpu":
+            frame = client.nvtx_gpu(args.limit, **_window(args))
+        elif args.what == "phases":
+            frame = client.phases(**_window(args))
+        elif args.what == "launch":
+            frame = client.launch(args.short, **_window(args))
+        elif args.what == "diff":
+            if len(args.runs) != 2:
+                print("tracehouse: diff compares two runs: --run A --run B", file=sys.stderr)
+                return EXIT_USAGE
+            frame = client.diff(args.runs[0], args.runs[1], args.summary, args.limit or 0)
         else:
             text = sys.stdin.read() if args.sql == "-" else args.sql
             frame = client.sql(text, args.max_rows or 0)
@@ -280,7 +348,10 @@ def run_query(args: argparse.Namespace) -> int:
         return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
     finally:
         client.close()
-    render(frame, args.format)
+    if isinstance(frame, dict):
+        render_many(frame, args.format)
+    else:
+        render(frame, args.format)
     return 0
 
 

@@ -62,6 +62,22 @@ def _cell(value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
+def render_many(frames: dict[str, pd.DataFrame], fmt: str, out: TextIO | None = None) -> None:
+    """Several tables: one JSON object of arrays, or each table under a `# name` line."""
+    out = out or sys.stdout
+    if fmt == "json":
+        document = {
+            name: [{k: _jsonable(v) for k, v in row.items()} for row in _as_ns(frame).to_dict(orient="records")]
+            for name, frame in frames.items()
+        }
+        json.dump(document, out)
+        out.write("\n")
+        return
+    for number, (name, frame) in enumerate(frames.items()):
+        out.write(("\n" if number else "") + f"# {name}\n")
+        render(frame, fmt, out)
+
+
 def render(frame: pd.DataFrame, fmt: str, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     if fmt == "json":

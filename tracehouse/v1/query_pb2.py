@@ -25,45 +25,61 @@ _sym_db = _symbol_database.Default()
 from tracehouse.v1 import batch_pb2 as tracehouse_dot_v1_dot_batch__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tracehouse/v1/query.proto\x12\rtracehouse.v1\x1a\x19tracehouse/v1/batch.proto\"u\n\x06Window\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05hosts\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\x05\x12\x14\n\x07\x66rom_ns\x18\x04 \x01(\x10H\x00\x88\x01\x01\x12\x12\n\x05to_ns\x18\x05 \x01(\x10H\x01\x88\x01\x01\x42\n\n\x08_from_nsB\x08\n\x06_to_ns\"U\n\x0fListRunsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x15\n\rname_contains\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"4\n\x10ListRunsResponse\x12 \n\x04runs\x18\x01 \x03(\x0b\x32\x12.tracehouse.v1.Run\"\"\n\x12ListDevicesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"=\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.tracehouse.v1.Device\";\n\x12ListMetricsRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\"x\n\nMetricInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x05\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x12\x10\n\x08\x66irst_ns\x18\x05 \x01(\x10\x12\x0f\n\x07last_ns\x18\x06 \x01(\x10\x12\x0b\n\x03pid\x18\x07 \x01(\r\"A\n\x13ListMetricsResponse\x12*\n\x07metrics\x18\x01 \x03(\x0b\x32\x19.tracehouse.v1.MetricInfo\"[\n\rSeriesRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x0f\n\x07metrics\x18\x02 \x03(\t\x12\x12\n\nmax_points\x18\x03 \x01(\r\"\x8c\x01\n\x06Series\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x05\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x14\n\x0c\x62ucket_start\x18\x04 \x03(\x10\x12\x0b\n\x03min\x18\x05 \x03(\x01\x12\x0b\n\x03\x61vg\x18\x06 \x03(\x01\x12\x0b\n\x03max\x18\x07 \x03(\x01\x12\r\n\x05\x63ount\x18\x08 \x03(\x04\x12\x0b\n\x03pid\x18\t \x01(\r\"J\n\x0eSeriesResponse\x12\x11\n\tbucket_ns\x18\x01 \x01(\x10\x12%\n\x06series\x18\x02 \x03(\x0b\x32\x15.tracehouse.v1.Series\"{\n\rEventsRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\r\n\x05names\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"j\n\x0e\x45ventsResponse\x12\x12\n\ndictionary\x18\x01 \x03(\t\x12+\n\x06\x65vents\x18\x02 \x01(\x0b\x32\x1b.tracehouse.v1.EventColumns\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"T\n\x0eSummaryRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\nSqlRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12\x10\n\x08max_rows\x18\x02 \x01(\r\";\n\x05Table\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x32\x86\x04\n\x05Query\x12K\n\x08ListRuns\x12\x1e.tracehouse.v1.ListRunsRequest\x1a\x1f.tracehouse.v1.ListRunsResponse\x12T\n\x0bListDevices\x12!.tracehouse.v1.ListDevicesRequest\x1a\".tracehouse.v1.ListDevicesResponse\x12T\n\x0bListMetrics\x12!.tracehouse.v1.ListMetricsRequest\x1a\".tracehouse.v1.ListMetricsResponse\x12\x45\n\x06Series\x12\x1c.tracehouse.v1.SeriesRequest\x1a\x1d.tracehouse.v1.SeriesResponse\x12\x45\n\x06\x45vents\x12\x1c.tracehouse.v1.EventsRequest\x1a\x1d.tracehouse.v1.EventsResponse\x12>\n\x07Summary\x12\x1d.tracehouse.v1.SummaryRequest\x1a\x14.tracehouse.v1.Table\x12\x36\n\x03Sql\x12\x19.tracehouse.v1.SqlRequest\x1a\x14.tracehouse.v1.Tableb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tracehouse/v1/query.proto\x12\rtracehouse.v1\x1a\x19tracehouse/v1/batch.proto\"\xa1\x01\n\x06Window\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05hosts\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\x05\x12\x14\n\x07\x66rom_ns\x18\x04 \x01(\x10H\x00\x88\x01\x01\x12\x12\n\x05to_ns\x18\x05 \x01(\x10H\x01\x88\x01\x01\x12\x12\n\nrange_name\x18\x06 \x01(\t\x12\x16\n\x0erange_instance\x18\x07 \x01(\rB\n\n\x08_from_nsB\x08\n\x06_to_ns\"U\n\x0fListRunsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x15\n\rname_contains\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"4\n\x10ListRunsResponse\x12 \n\x04runs\x18\x01 \x03(\x0b\x32\x12.tracehouse.v1.Run\"\"\n\x12ListDevicesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"=\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.tracehouse.v1.Device\";\n\x12ListMetricsRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\"x\n\nMetricInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x05\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x12\x10\n\x08\x66irst_ns\x18\x05 \x01(\x10\x12\x0f\n\x07last_ns\x18\x06 \x01(\x10\x12\x0b\n\x03pid\x18\x07 \x01(\r\"A\n\x13ListMetricsResponse\x12*\n\x07metrics\x18\x01 \x03(\x0b\x32\x19.tracehouse.v1.MetricInfo\"[\n\rSeriesRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x0f\n\x07metrics\x18\x02 \x03(\t\x12\x12\n\nmax_points\x18\x03 \x01(\r\"\x8c\x01\n\x06Series\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x05\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x14\n\x0c\x62ucket_start\x18\x04 \x03(\x10\x12\x0b\n\x03min\x18\x05 \x03(\x01\x12\x0b\n\x03\x61vg\x18\x06 \x03(\x01\x12\x0b\n\x03max\x18\x07 \x03(\x01\x12\r\n\x05\x63ount\x18\x08 \x03(\x04\x12\x0b\n\x03pid\x18\t \x01(\r\"J\n\x0eSeriesResponse\x12\x11\n\tbucket_ns\x18\x01 \x01(\x10\x12%\n\x06series\x18\x02 \x03(\x0b\x32\x15.tracehouse.v1.Series\"{\n\rEventsRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\r\n\x05names\x18\x03 \x03(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"j\n\x0e\x45ventsResponse\x12\x12\n\ndictionary\x18\x01 \x03(\t\x12+\n\x06\x65vents\x18\x02 \x01(\x0b\x32\x1b.tracehouse.v1.EventColumns\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"T\n\x0eSummaryRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\nSqlRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12\x10\n\x08max_rows\x18\x02 \x01(\r\";\n\x05Table\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x11\n\ttruncated\x18\x03 \x01(\x08\"]\n\x0eGpuTimeRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x12\n\nmin_gap_ns\x18\x02 \x01(\x10\x12\x10\n\x08max_gaps\x18\x03 \x01(\r\"Y\n\x0fGpuTimeResponse\x12\"\n\x04gpus\x18\x01 \x01(\x0b\x32\x14.tracehouse.v1.Table\x12\"\n\x04gaps\x18\x02 \x01(\x0b\x32\x14.tracehouse.v1.Table\"F\n\x0eNvtxGpuRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\r\n\x05limit\x18\x02 \x01(\r\"^\n\x0fNvtxGpuResponse\x12%\n\x07summary\x18\x01 \x01(\x0b\x32\x14.tracehouse.v1.Table\x12$\n\x06ranges\x18\x02 \x01(\x0b\x32\x14.tracehouse.v1.Table\"6\n\rPhasesRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\"H\n\rLaunchRequest\x12%\n\x06window\x18\x01 \x01(\x0b\x32\x15.tracehouse.v1.Window\x12\x10\n\x08short_ns\x18\x02 \x01(\x10\"\x93\x01\n\x0eLaunchResponse\x12%\n\x07latency\x18\x01 \x01(\x0b\x32\x14.tracehouse.v1.Table\x12+\n\rshort_kernels\x18\x02 \x01(\x0b\x32\x14.tracehouse.v1.Table\x12-\n\x0fidle_after_sync\x18\x03 \x01(\x0b\x32\x14.tracehouse.v1.Table\"M\n\x0b\x44iffRequest\x12\r\n\x05run_a\x18\x01 \x01(\t\x12\r\n\x05run_b\x18\x02 \x01(\t\x12\x11\n\tsummaries\x18\x03 \x03(\t\x12\r\n\x05limit\x18\x04 \x01(\r2\xd9\x06\n\x05Query\x12K\n\x08ListRuns\x12\x1e.tracehouse.v1.ListRunsRequest\x1a\x1f.tracehouse.v1.ListRunsResponse\x12T\n\x0bListDevices\x12!.tracehouse.v1.ListDevicesRequest\x1a\".tracehouse.v1.ListDevicesResponse\x12T\n\x0bListMetrics\x12!.tracehouse.v1.ListMetricsRequest\x1a\".tracehouse.v1.ListMetricsResponse\x12\x45\n\x06Series\x12\x1c.tracehouse.v1.SeriesRequest\x1a\x1d.tracehouse.v1.SeriesResponse\x12\x45\n\x06\x45vents\x12\x1c.tracehouse.v1.EventsRequest\x1a\x1d.tracehouse.v1.EventsResponse\x12>\n\x07Summary\x12\x1d.tracehouse.v1.SummaryRequest\x1a\x14.tracehouse.v1.Table\x12\x36\n\x03Sql\x12\x19.tracehouse.v1.SqlRequest\x1a\x14.tracehouse.v1.Table\x12H\n\x07GpuTime\x12\x1d.tracehouse.v1.GpuTimeRequest\x1a\x1e.tracehouse.v1.GpuTimeResponse\x12H\n\x07NvtxGpu\x12\x1d.tracehouse.v1.NvtxGpuRequest\x1a\x1e.tracehouse.v1.NvtxGpuResponse\x12<\n\x06Phases\x12\x1c.tracehouse.v1.PhasesRequest\x1a\x14.tracehouse.v1.Table\x12\x45\n\x06Launch\x12\x1c.tracehouse.v1.LaunchRequest\x1a\x1d.tracehouse.v1.LaunchResponse\x12\x38\n\x04\x44iff\x12\x1a.tracehouse.v1.DiffRequest\x1a\x14.tracehouse.v1.Tableb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tracehouse.v1.query_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WINDOW']._serialized_start=71
-  _globals['_WINDOW']._serialized_end=188
-  _globals['_LISTRUNSREQUEST']._serialized_start=190
-  _globals['_LISTRUNSREQUEST']._serialized_end=275
-  _globals['_LISTRUNSRESPONSE']._serialized_start=277
-  _globals['_LISTRUNSRESPONSE']._serialized_end=329
-  _globals['_LISTDEVICESREQUEST']._serialized_start=331
-  _globals['_LISTDEVICESREQUEST']._serialized_end=365
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=367
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=428
-  _globals['_LISTMETRICSREQUEST']._serialized_start=430
-  _globals['_LISTMETRICSREQUEST']._serialized_end=489
-  _globals['_METRICINFO']._serialized_start=491
-  _globals['_METRICINFO']._serialized_end=611
-  _globals['_LISTMETRICSRESPONSE']._serialized_start=613
-  _globals['_LISTMETRICSRESPONSE']._serialized_end=678
-  _globals['_SERIESREQUEST']._serialized_start=680
-  _globals['_SERIESREQUEST']._serialized_end=771
-  _globals['_SERIES']._serialized_start=774
-  _globals['_SERIES']._serialized_end=914
-  _globals['_SERIESRESPONSE']._serialized_start=916
-  _globals['_SERIESRESPONSE']._serialized_end=990
-  _globals['_EVENTSREQUEST']._serialized_start=992
-  _globals['_EVENTSREQUEST']._serialized_end=1115
-  _globals['_EVENTSRESPONSE']._serialized_start=1117
-  _globals['_EVENTSRESPONSE']._serialized_end=1223
-  _globals['_SUMMARYREQUEST']._serialized_start=1225
-  _globals['_SUMMARYREQUEST']._serialized_end=1309
-  _globals['_SQLREQUEST']._serialized_start=1311
-  _globals['_SQLREQUEST']._serialized_end=1354
-  _globals['_TABLE']._serialized_start=1356
-  _globals['_TABLE']._serialized_end=1415
-  _globals['_QUERY']._serialized_start=1418
-  _globals['_QUERY']._serialized_end=1936
+  _globals['_WINDOW']._serialized_start=72
+  _globals['_WINDOW']._serialized_end=233
+  _globals['_LISTRUNSREQUEST']._serialized_start=235
+  _globals['_LISTRUNSREQUEST']._serialized_end=320
+  _globals['_LISTRUNSRESPONSE']._serialized_start=322
+  _globals['_LISTRUNSRESPONSE']._serialized_end=374
+  _globals['_LISTDEVICESREQUEST']._serialized_start=376
+  _globals['_LISTDEVICESREQUEST']._serialized_end=410
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=412
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=473
+  _globals['_LISTMETRICSREQUEST']._serialized_start=475
+  _globals['_LISTMETRICSREQUEST']._serialized_end=534
+  _globals['_METRICINFO']._serialized_start=536
+  _globals['_METRICINFO']._serialized_end=656
+  _globals['_LISTMETRICSRESPONSE']._serialized_start=658
+  _globals['_LISTMETRICSRESPONSE']._serialized_end=723
+  _globals['_SERIESREQUEST']._serialized_start=725
+  _globals['_SERIESREQUEST']._serialized_end=816
+  _globals['_SERIES']._serialized_start=819
+  _globals['_SERIES']._serialized_end=959
+  _globals['_SERIESRESPONSE']._serialized_start=961
+  _globals['_SERIESRESPONSE']._serialized_end=1035
+  _globals['_EVENTSREQUEST']._serialized_start=1037
+  _globals['_EVENTSREQUEST']._serialized_end=1160
+  _globals['_EVENTSRESPONSE']._serialized_start=1162
+  _globals['_EVENTSRESPONSE']._serialized_end=1268
+  _globals['_SUMMARYREQUEST']._serialized_start=1270
+  _globals['_SUMMARYREQUEST']._serialized_end=1354
+  _globals['_SQLREQUEST']._serialized_start=1356
+  _globals['_SQLREQUEST']._serialized_end=1399
+  _globals['_TABLE']._serialized_start=1401
+  _globals['_TABLE']._serialized_end=1460
+  _globals['_GPUTIMEREQUEST']._serialized_start=1462
+  _globals['_GPUTIMEREQUEST']._serialized_end=1555
+  _globals['_GPUTIMERESPONSE']._serialized_start=1557
+  _globals['_GPUTIMERESPONSE']._serialized_end=1646
+  _globals['_NVTXGPUREQUEST']._serialized_start=1648
+  _globals['_NVTXGPUREQUEST']._serialized_end=1718
+  _globals['_NVTXGPURESPONSE']._serialized_start=1720
+  _globals['_NVTXGPURESPONSE']._serialized_end=1814
+  _globals['_PHASESREQUEST']._serialized_start=1816
+  _globals['_PHASESREQUEST']._serialized_end=1870
+  _globals['_LAUNCHREQUEST']._serialized_start=1872
+  _globals['_LAUNCHREQUEST']._serialized_end=1944
+  _globals['_LAUNCHRESPONSE']._serialized_start=1947
+  _globals['_LAUNCHRESPONSE']._serialized_end=2094
+  _globals['_DIFFREQUEST']._serialized_start=2096
+  _globals['_DIFFREQUEST']._serialized_end=2173
+  _globals['_QUERY']._serialized_start=2176
+  _globals['_QUERY']._serialized_end=3033
 # @@protoc_insertion_point(module_scope)

@@ -8,18 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Window(_message.Message):
-    __slots__ = ("run_id", "hosts", "gpus", "from_ns", "to_ns")
+    __slots__ = ("run_id", "hosts", "gpus", "from_ns", "to_ns", "range_name", "range_instance")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     FROM_NS_FIELD_NUMBER: _ClassVar[int]
     TO_NS_FIELD_NUMBER: _ClassVar[int]
+    RANGE_NAME_FIELD_NUMBER: _ClassVar[int]
+    RANGE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     hosts: _containers.RepeatedScalarFieldContainer[str]
     gpus: _containers.RepeatedScalarFieldContainer[int]
     from_ns: int
     to_ns: int
-    def __init__(self, run_id: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ...) -> None: ...
+    range_name: str
+    range_instance: int
+    def __init__(self, run_id: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ..., range_name: _Optional[str] = ..., range_instance: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("host", "source", "name_contains", "limit")
@@ -172,3 +176,73 @@ class Table(_message.Message):
     rows: int
     truncated: bool
     def __init__(self, arrow_ipc: _Optional[bytes] = ..., rows: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class GpuTimeRequest(_message.Message):
+    __slots__ = ("window", "min_gap_ns", "max_gaps")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_GAP_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GAPS_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    min_gap_ns: int
+    max_gaps: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., min_gap_ns: _Optional[int] = ..., max_gaps: _Optional[int] = ...) -> None: ...
+
+class GpuTimeResponse(_message.Message):
+    __slots__ = ("gpus", "gaps")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
+    gpus: Table
+    gaps: Table
+    def __init__(self, gpus: _Optional[_Union[Table, _Mapping]] = ..., gaps: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...
+
+class NvtxGpuRequest(_message.Message):
+    __slots__ = ("window", "limit")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    limit: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class NvtxGpuResponse(_message.Message):
+    __slots__ = ("summary", "ranges")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    summary: Table
+    ranges: Table
+    def __init__(self, summary: _Optional[_Union[Table, _Mapping]] = ..., ranges: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...
+
+class PhasesRequest(_message.Message):
+    __slots__ = ("window",)
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ...) -> None: ...
+
+class LaunchRequest(_message.Message):
+    __slots__ = ("window", "short_ns")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SHORT_NS_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    short_ns: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., short_ns: _Optional[int] = ...) -> None: ...
+
+class LaunchResponse(_message.Message):
+    __slots__ = ("latency", "short_kernels", "idle_after_sync")
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    SHORT_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_AFTER_SYNC_FIELD_NUMBER: _ClassVar[int]
+    latency: Table
+    short_kernels: Table
+    idle_after_sync: Table
+    def __init__(self, latency: _Optional[_Union[Table, _Mapping]] = ..., short_kernels: _Optional[_Union[Table, _Mapping]] = ..., idle_after_sync: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...
+
+class DiffRequest(_message.Message):
+    __slots__ = ("run_a", "run_b", "summaries", "limit")
+    RUN_A_FIELD_NUMBER: _ClassVar[int]
+    RUN_B_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_a: str
+    run_b: str
+    summaries: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, run_a: _Optional[str] = ..., run_b: _Optional[str] = ..., summaries: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...

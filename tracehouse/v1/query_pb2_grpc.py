@@ -73,6 +73,31 @@ class QueryStub:
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.SqlRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
                 _registered_method=True)
+        self.GpuTime = channel.unary_unary(
+                '/tracehouse.v1.Query/GpuTime',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.GpuTimeRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.GpuTimeResponse.FromString,
+                _registered_method=True)
+        self.NvtxGpu = channel.unary_unary(
+                '/tracehouse.v1.Query/NvtxGpu',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.NvtxGpuRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.NvtxGpuResponse.FromString,
+                _registered_method=True)
+        self.Phases = channel.unary_unary(
+                '/tracehouse.v1.Query/Phases',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.PhasesRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+                _registered_method=True)
+        self.Launch = channel.unary_unary(
+                '/tracehouse.v1.Query/Launch',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.LaunchRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.LaunchResponse.FromString,
+                _registered_method=True)
+        self.Diff = channel.unary_unary(
+                '/tracehouse.v1.Query/Diff',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.DiffRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -128,6 +153,44 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GpuTime(self, request, context):
+        """Analyses over one timeline. Each runs inside the store as set-based SQL.
+        Per GPU: busy time (the union of kernel and memory-operation intervals), idle time, busy %,
+        and the idle gaps longer than min_gap_ns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NvtxGpu(self, request, context):
+        """NVTX ranges projected onto the GPU work launched from inside them (same process and thread).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Phases(self, request, context):
+        """Per phase (NVTX range or declared phase) name and GPU: count, time, GPU busy % inside its
+        intervals, and NVML telemetry inside them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Launch(self, request, context):
+        """Kernel launch latency per name, very short kernels, and GPU idle time that follows syncs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Diff(self, request, context):
+        """Kernel, API and memory-operation summaries of two runs side by side, biggest change first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +227,31 @@ def add_QueryServicer_to_server(servicer, server):
             'Sql': grpc.unary_unary_rpc_method_handler(
                     servicer.Sql,
                     request_deserializer=tracehouse_dot_v1_dot_query__pb2.SqlRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
+            ),
+            'GpuTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.GpuTime,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.GpuTimeRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.GpuTimeResponse.SerializeToString,
+            ),
+            'NvtxGpu': grpc.unary_unary_rpc_method_handler(
+                    servicer.NvtxGpu,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.NvtxGpuRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.NvtxGpuResponse.SerializeToString,
+            ),
+            'Phases': grpc.unary_unary_rpc_method_handler(
+                    servicer.Phases,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.PhasesRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
+            ),
+            'Launch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Launch,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.LaunchRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.LaunchResponse.SerializeToString,
+            ),
+            'Diff': grpc.unary_unary_rpc_method_handler(
+                    servicer.Diff,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.DiffRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
             ),
     }
@@ -359,6 +447,141 @@ class Query:
             target,
             '/tracehouse.v1.Query/Sql',
             tracehouse_dot_v1_dot_query__pb2.SqlRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GpuTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/GpuTime',
+            tracehouse_dot_v1_dot_query__pb2.GpuTimeRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.GpuTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NvtxGpu(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/NvtxGpu',
+            tracehouse_dot_v1_dot_query__pb2.NvtxGpuRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.NvtxGpuResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Phases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Phases',
+            tracehouse_dot_v1_dot_query__pb2.PhasesRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Launch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Launch',
+            tracehouse_dot_v1_dot_query__pb2.LaunchRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.LaunchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Diff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Diff',
+            tracehouse_dot_v1_dot_query__pb2.DiffRequest.SerializeToString,
             tracehouse_dot_v1_dot_query__pb2.Table.FromString,
             options,
             channel_credentials,

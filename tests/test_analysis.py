@@ -1,0 +1,387 @@
+"""The analyses, checked against answers computed independently in plain Python over the same
+synthetic events: overlapping kernels on several streams and GPUs, nested NVTX ranges, ranges
+with no GPU work, work crossing the window's borders."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from query.client import Client, QueryFailed
+from tests.conftest import FIXTURES
+from tests.helpers import request
+from tracehouse.batch import BatchBuilder
+from tracehouse.cli import main
+from tracehouse.v1 import ingest_pb2_grpc
+
+US = 1_000
+MS = 1_000_000
+T0 = 1_790_000_000_000_000_000
+HOST = "node-1"
+PID = 100
+
+
+@dataclass
+class Trace:
+    """What a run's events are, kept in Python for the oracle."""
+
+    run_id: str
+    work: list[dict[str, Any]] = field(default_factory=list)  # kernels, memcpy
+    ranges: list[dict[str, Any]] = field(default_factory=list)
+    syncs: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    start: int = T0
+    end: int = T0
+
+
+def make_trace(run_id: str, seed: int, steps: int = 40) -> Trace:
+    rng = random.Random(seed)
+    trace = Trace(run_id)
+    correlation = 1
+    for tid in (100, 101):
+        t = T0 + rng.randint(0, 50) * US
+        lanes: list[int] = []  # end of the last start/end range per lane
+        for step in range(steps):
+            step_start = t
+            stack = [("step", step_start, 0)]
+            pieces = []
+            for part in ("forward", "backward", "idle"):
+                begin = t + rng.randint(5, 30) * US
+                length = rng.randint(100, 600) * US
+                pieces.append((part, begin, begin + length))
+                t = begin + length
+            t += rng.randint(5, 40) * US
+            step_end = t
+            trace.ranges.append(dict(name="step", start=step_start, end=step_end, tid=tid, depth=0, style="PushPop"))
+            for part, begin, end in pieces:
+                trace.ranges.append(dict(name=part, start=begin, end=end, tid=tid, depth=1, style="PushPop"))
+                if part == "backward":  # a nested range, two levels down
+                    inner = begin + (end - begin) // 3
+                    trace.ranges.append(
+                        dict(name="allreduce", start=inner, end=inner + (end - begin) // 3, tid=tid, depth=2,
+                             style="PushPop")
+                    )  # fmt: skip
+                if part == "idle":
+                    continue  # a range with no GPU work launched inside it
+                for _ in range(rng.randint(2, 6)):
+                    launch = rng.randint(begin, end - 1)
+                    gpu = rng.choice((0, 1))
+                    s = launch + rng.randint(5, 80) * US
+                    kind = rng.choice(("kernel", "kernel", "kernel", "memcpy"))
+                    trace.work.append(
+                        dict(kind=kind, name=f"{kind}_{rng.randint(0, 3)}", start=s, end=s + rng.randint(1, 120) * US,
+                             gpu=gpu, stream=rng.choice((7, 13, 14)), tid=tid, correlation=correlation, launch=launch)
+                    )  # fmt: skip
+                    correlation += 1
+            stack.clear()
+            # start/end ranges overlap each other freely; a lane is the first free at the start
+            for _ in range(rng.randint(0, 2)):
+                begin = rng.randint(step_start, step_end)
+                end = begin + rng.randint(50, 900) * US
+                lane = next((i for i, free in enumerate(lanes) if free <= begin), len(lanes))
+                lanes[lane : lane + 1] = [end]
+                trace.ranges.append(dict(name="async io", start=begin, end=end, tid=tid, depth=lane, style="StartEnd"))
+            if step % 5 == 4:
+                gpu = rng.choice((0, 1))
+                last = max((w["end"] for w in trace.work if w["gpu"] == gpu), default=t)
+                trace.syncs.append(dict(kind="sync", gpu=gpu, start=t, end=max(t, last) + 3 * US, tid=tid))
+                t = max(t, last) + rng.randint(50, 300) * US
+    # the borders of a range: launched at its start is inside it, at its end is not
+    edge = max(r["end"] for r in trace.ranges) + MS
+    trace.ranges.append(dict(name="edge", start=edge, end=edge + 100 * US, tid=100, depth=0, style="PushPop"))
+    trace.ranges.append(dict(name="tail", start=edge + MS, end=edge + 2 * MS, tid=100, depth=0, style="PushPop"))
+    for offset in (0, 100 * US):
+        trace.work.append(dict(kind="kernel", name="edge", start=edge + offset + 5 * US, end=edge + offset + 9 * US,
+                               gpu=1, stream=7, tid=100, correlation=correlation + 100 + offset, launch=edge + offset))  # fmt: skip
+    for w in range(5):  # work launched outside any range
+        s = T0 + rng.randint(0, 30) * MS
+        trace.work.append(dict(kind="kernel", name="orphan", start=s, end=s + 40 * US, gpu=0, stream=7, tid=100,
+                               correlation=correlation + w, launch=s - 10 * US))  # fmt: skip
+    trace.start = min(x["start"] for x in trace.work + trace.ranges)
+    trace.end = max(x["end"] for x in trace.work + trace.ranges) + 1
+    for gpu in (0, 1):
+        for i, ts in enumerate(range(trace.start, trace.end, 97 * US)):
+            trace.samples.append(dict(gpu=gpu, ts=ts, metric="gpu.util_pct", value=float((i * 7 + gpu) % 101)))
+            trace.samples.append(dict(gpu=gpu, ts=ts, metric="gpu.power_w", value=100.0 + (i % 300)))
+    return trace
+
+
+def store_trace(ingest: ingest_pb2_grpc.IngestStub, trace: Trace) -> None:
+    builder = BatchBuilder(f"{trace.run_id}-b", run_id=trace.run_id, host=HOST)
+    builder.add_run(trace.run_id, host=HOST, source="nsys", start=trace.start, end=trace.end)
+    for w in trace.work:
+        builder.add_events(w["kind"], [w["start"]], [w["end"]], w["name"], gpu=w["gpu"], stream=w["stream"], pid=PID,
+                           tid=w["tid"], correlation_id=w["correlation"], launch_start=w["launch"])  # fmt: skip
+    for r in trace.ranges:
+        builder.add_events("nvtx", [r["start"]], [r["end"]], r["name"], pid=PID, tid=r["tid"], depth=r["depth"],
+                           extras=[{"style": r["style"]}])  # fmt: skip
+    for s in trace.syncs:
+        builder.add_events(
+            "sync", [s["start"]], [s["end"]], "cudaDeviceSynchronize", gpu=s["gpu"], pid=PID, tid=s["tid"]
+        )
+    for s in trace.samples:
+        builder.add_samples(s["metric"], [s["ts"]], [s["value"]], gpu=s["gpu"])
+    assert not ingest.Write(request(builder), timeout=60).duplicate
+
+
+# -- the oracle ---------------------------------------------------------------------------------
+
+
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def islands_by_gpu(trace: Trace, lo: int | None = None, hi: int | None = None) -> dict[int, list[tuple[int, int]]]:
+    by_gpu: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for w in trace.work:
+        s, e = w["start"], w["end"]
+        if (hi is not None and s >= hi) or (lo is not None and e <= lo):
+            continue
+        by_gpu[w["gpu"]].append((max(s, lo) if lo is not None else s, min(e, hi) if hi is not None else e))
+    return {gpu: merge(intervals) for gpu, intervals in by_gpu.items()}
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+@pytest.fixture
+def traces(ingest: ingest_pb2_grpc.IngestStub) -> dict[str, Trace]:
+    stored = {"r1": make_trace("r1", seed=1), "r2": make_trace("r2", seed=2, steps=30)}
+    for trace in stored.values():
+        store_trace(ingest, trace)
+    return stored
+
+
+# -- gpu-time -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", ["run", "crossing borders", "range instance"])
+def test_gpu_time_matches_the_union_of_intervals(client: Client, traces: dict[str, Trace], window: str) -> None:
+    trace = traces["r1"]
+    if window == "run":
+        lo, hi, args = trace.start, trace.end, {"run": "r1"}
+    elif window == "crossing borders":
+        middle = sorted(w["start"] for w in trace.work)[len(trace.work) // 2] + 7 * US  # inside some kernels
+        lo, hi, args = middle, middle + 9 * MS + 3 * US, {"run": "r1", "start": middle, "end": middle + 9 * MS + 3 * US}
+    else:
+        steps = sorted((r["start"], r["end"]) for r in trace.ranges if r["name"] == "step")
+        lo, hi = steps[4]
+        args = {"run": "r1", "range": "step", "instance": 5}
+    answer = client.gpu_time(min_gap_ns=50 * US, max_gaps=100_000, **args)
+    expected = islands_by_gpu(trace, lo, hi)
+    gpus = answer["gpus"].set_index("gpu")
+    assert set(gpus.index) == set(expected)
+    for gpu, merged in expected.items():
+        busy = sum(e - s for s, e in merged)
+        row = gpus.loc[gpu]
+        assert (row["span_start_ns"], row["span_end_ns"]) == (lo, hi)
+        assert row["busy_ns"] == busy and row["idle_ns"] == hi - lo - busy and row["islands"] == len(merged)
+        assert row["busy_pct"] == pytest.approx(100 * busy / (hi - lo))
+        gaps = sorted(
+            (merged[i][1], merged[i + 1][0])
+            for i in range(len(merged) - 1)
+            if merged[i + 1][0] - merged[i][1] > 50 * US
+        )
+        got = answer["gaps"][answer["gaps"]["gpu"] == gpu]
+        assert sorted(zip(got["start_ns"], got["end_ns"], strict=True)) == gaps
+    lengths = list(answer["gaps"]["length_ns"])
+    assert lengths == sorted(lengths, reverse=True), "longest first"
+
+
+def test_gpu_time_without_a_window_spans_each_gpus_own_activity(client: Client, traces: dict[str, Trace]) -> None:
+    answer = client.gpu_time(host=HOST)["gpus"].set_index("gpu")
+    both = Trace("both", work=traces["r1"].work + traces["r2"].work)
+    for gpu, merged in islands_by_gpu(both).items():
+        assert answer.loc[gpu, "busy_ns"] == sum(e - s for s, e in merged)
+        assert (answer.loc[gpu, "span_start_ns"], answer.loc[gpu, "span_end_ns"]) == (merged[0][0], merged[-1][1])
+
+
+# -- nvtx-gpu -----------------------------------------------------------------------------------
+
+
+def test_nvtx_ranges_project_onto_the_gpu_work_launched_inside(client: Client, traces: dict[str, Trace]) -> None:
+    trace = traces["r1"]
+    answer = client.nvtx_gpu(run="r1", limit=100_000)
+    ranges = answer["ranges"]
+    assert len(ranges) == len(trace.ranges)
+    expected_by_name: dict[str, list[int | None]] = defaultdict(list)
+    ops_by_name: dict[str, int] = defaultdict(int)
+    got = {(row.tid, row.start_ns, row.name): row for row in ranges.itertuples()}
+    for r in trace.ranges:
+        inside = [w for w in trace.work if w["tid"] == r["tid"] and r["start"] <= w["launch"] < r["end"]]
+        row = got[(r["tid"], r["start"], r["name"])]
+        assert row.gpu_ops == len(inside)
+        assert row.kernels == sum(w["kind"] == "kernel" for w in inside)
+        if inside:
+            first, last = min(w["start"] for w in inside), max(w["end"] for w in inside)
+            assert (row.gpu_start_ns, row.gpu_end_ns, row.gpu_duration_ns) == (first, last, last - first)
+            expected_by_name[r["name"]].append(last - first)
+        else:
+            assert pd.isna(row.gpu_start_ns) and pd.isna(row.gpu_duration_ns), "no GPU work: no projection"
+        ops_by_name[r["name"]] += len(inside)
+    summary = answer["summary"].set_index("name")
+    for name, durations in expected_by_name.items():
+        row = summary.loc[name]
+        assert row["with_gpu_work"] == len(durations) and row["gpu_ops"] == ops_by_name[name]
+        assert row["gpu_total_ns"] == sum(durations)
+        assert row["gpu_med_ns"] == pytest.approx(statistics.median(durations))
+        assert row["gpu_stddev_ns"] == pytest.approx(statistics.stdev(durations) if len(durations) > 1 else 0)
+    assert summary.loc["idle", "with_gpu_work"] == 0 and summary.loc["idle", "instances"] == 2 * 40
+    assert list(ranges["start_ns"]) == sorted(ranges["start_ns"])
+
+
+# -- phases -------------------------------------------------------------------------------------
+
+
+def test_phases_attribute_gpu_busy_time_and_telemetry(client: Client, traces: dict[str, Trace]) -> None:
+    trace = traces["r1"]
+    answer = client.phases(run="r1")
+    lo, hi = min(r["start"] for r in trace.ranges), max(r["end"] for r in trace.ranges)
+    islands = islands_by_gpu(Trace("x", work=[w for w in trace.work if w["end"] > lo and w["start"] < hi]))
+    names = sorted({r["name"] for r in trace.ranges})
+    host_samples = traces["r1"].samples + traces["r2"].samples
+    assert set(zip(answer["name"], answer["gpu"], strict=True)) == {(n, g) for n in names for g in (0, 1)}
+    for row in answer.itertuples():
+        instances = [(r["start"], r["end"]) for r in trace.ranges if r["name"] == row.name]
+        total = sum(e - s for s, e in instances)
+        busy = sum(overlap(i, island) for i in instances for island in islands.get(row.gpu, []))
+        assert (row.instances, row.total_ns) == (len(instances), total)
+        assert row.busy_pct == pytest.approx(100 * busy / total)
+        inside: dict[str, list[float]] = defaultdict(list)
+        for s in host_samples:  # the host's telemetry, whatever run sampled it; each sample once
+            if s["gpu"] == row.gpu and any(i[0] <= s["ts"] < i[1] for i in instances):
+                inside[s["metric"]].append(s["value"])
+        assert row.samples == sum(len(v) for v in inside.values())
+        assert row.sm_util_avg == pytest.approx(statistics.fmean(inside["gpu.util_pct"]))
+        assert row.sm_util_max == max(inside["gpu.util_pct"])
+        assert row.power_avg == pytest.approx(statistics.fmean(inside["gpu.power_w"]))
+        assert pd.isna(row.mem_used_avg) and pd.isna(row.mem_used_max), "no such series: no value, not a zero"
+
+
+# -- launch -------------------------------------------------------------------------------------
+
+
+def test_launch_statistics(client: Client, traces: dict[str, Trace]) -> None:
+    trace = traces["r1"]
+    answer = client.launch(short_ns=30 * US, run="r1")
+    kernels = [w for w in trace.work if w["kind"] == "kernel"]
+    latency = answer["latency"].set_index("name")
+    for name in {k["name"] for k in kernels}:
+        values = np.array([k["start"] - k["launch"] for k in kernels if k["name"] == name])
+        row = latency.loc[name]
+        assert row["kernels"] == values.size and row["avg_ns"] == pytest.approx(values.mean())
+        for column, q in (("med_ns", 50), ("p90_ns", 90), ("p99_ns", 99)):
+            assert row[column] == pytest.approx(np.percentile(values, q))
+        assert (row["min_ns"], row["max_ns"]) == (values.min(), values.max())
+    short = answer["short_kernels"].set_index("name")
+    for name in {k["name"] for k in kernels}:
+        durations = [k["end"] - k["start"] for k in kernels if k["name"] == name]
+        n_short = sum(d < 30 * US for d in durations)
+        if n_short:
+            assert short.loc[name, "short"] == n_short and short.loc[name, "kernels"] == len(durations)
+            assert short.loc[name, "short_total_ns"] == sum(d for d in durations if d < 30 * US)
+        else:
+            assert name not in short.index
+    idle = answer["idle_after_sync"].set_index("gpu")
+    for gpu, merged in islands_by_gpu(trace, trace.start, trace.end).items():
+        gaps = [(merged[i][1], merged[i + 1][0]) for i in range(len(merged) - 1)]
+        ends = [s["end"] for s in trace.syncs if s["gpu"] == gpu]
+        after = [g for g in gaps if any(g[0] <= t < g[1] for t in ends)]
+        assert idle.loc[gpu, "idle_ns"] == sum(e - s for s, e in gaps)
+        assert idle.loc[gpu, "idle_after_sync_ns"] == sum(e - s for s, e in after)
+        assert idle.loc[gpu, "gaps_after_sync"] == len(after) > 0
+
+
+# -- diff ---------------------------------------------------------------------------------------
+
+
+def test_diff_matches_kernels_by_name_biggest_change_first(client: Client, traces: dict[str, Trace]) -> None:
+    answer = client.diff("r1", "r2")
+    category = {"kernel": "kernels", "memcpy": "memops"}
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for side, trace in enumerate((traces["r1"], traces["r2"])):
+        for w in trace.work:
+            entry = totals[(category[w["kind"]], w["name"])]
+            entry[side] += w["end"] - w["start"]
+            entry[2 + side] += 1
+    assert len(answer) == len(totals)
+    for row in answer.itertuples():
+        total_a, total_b, n_a, n_b = totals[(row.category, row.name)]
+        assert (row.total_ns_a, row.total_ns_b, row.instances_a, row.instances_b) == (total_a, total_b, n_a, n_b)
+        assert row.delta_ns == total_b - total_a
+    deltas = list(answer["delta_ns"].abs())
+    assert deltas == sorted(deltas, reverse=True)
+    only_kernels = client.diff("r1", "r2", summaries=["kernels"], limit=2)
+    assert set(only_kernels["category"]) == {"kernels"} and len(only_kernels) == 2
+
+
+def test_bad_analysis_requests(client: Client, traces: dict[str, Trace]) -> None:
+    with pytest.raises(QueryFailed, match="run 'nope' not found"):
+        client.diff("r1", "nope")
+    with pytest.raises(QueryFailed, match="no instance 99 of range 'step'"):
+        client.gpu_time(run="r1", range="step", instance=99)
+    with pytest.raises(QueryFailed, match="summaries"):
+        client.diff("r1", "r2", summaries=["kernelz"])
+
+
+def test_analyses_from_the_cli(
+    client: Client, traces: dict[str, Trace], address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (
+        ["gpu-time", "--run", "r1", "--min-gap", "50us"],
+        ["nvtx-gpu", "--run", "r1", "--range", "step", "--instance", "3"],
+        ["phases", "--run", "r1"],
+        ["launch", "--run", "r1", "--short", "30us"],
+        ["diff", "--run", "r1", "--run", "r2"],
+    ):
+        assert main(["query", *argv, "--server", address, "--format", "json"]) == 0, argv
+        document = json.loads(capsys.readouterr().out)
+        assert document, argv
+    assert main(["query", "diff", "--run", "r1", "--server", address]) == 2
+    assert "two runs" in capsys.readouterr().err
+    assert main(["query", "gpu-time", "--run", "r1", "--server", address, "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# gpus\nhost,gpu,span_start_ns") and "\n# gaps\n" in out
+
+
+NSYS = FIXTURES / "nsys"
+
+
+@pytest.mark.skipif(not NSYS.is_dir(), reason=f"no real exports in {NSYS}")
+def test_every_analysis_runs_on_every_real_export(client: Client, address: str) -> None:
+    from agent.importer import import_export
+    from agent.writer import BatchWriter
+
+    writer = BatchWriter(address)
+    runs = [import_export(path, writer).run_id for path in sorted(NSYS.glob("*.sqlite"))]
+    writer.close()
+    for run in runs:
+        client.gpu_time(run=run)
+        client.nvtx_gpu(run=run)
+        client.phases(run=run)
+        client.launch(run=run)
+    projected = client.nvtx_gpu(run=runs[2])["summary"].set_index("name")  # 2022.2: MPI ranges around saxpy
+    assert projected.loc["saxpy", "kernels"] == 5 and projected.loc["saxpy", "with_gpu_work"] == 5
+    assert not client.diff(runs[0], runs[1]).empty
+
+
+def test_fixture_path_helper_exists() -> None:
+    assert isinstance(FIXTURES, Path)
