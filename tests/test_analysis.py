@@ -100,8 +100,11 @@ def make_trace(run_id: str, seed: int, steps: int = 40) -> Trace:
     trace.ranges.append(dict(name="edge", start=edge, end=edge + 100 * US, tid=100, depth=0, style="PushPop"))
     trace.ranges.append(dict(name="tail", start=edge + MS, end=edge + 2 * MS, tid=100, depth=0, style="PushPop"))
     for offset in (0, 100 * US):
-        trace.work.append(dict(kind="kernel", name="edge", start=edge + offset + 5 * US, end=edge + offset + 9 * US,
-                               gpu=1, stream=7, tid=100, correlation=correlation + 100 + offset, launch=edge + offset))  # fmt: skip
+        start = edge + offset + 5 * US
+        trace.work.append(
+            dict(kind="kernel", name="edge", start=start, end=start + 4 * US, gpu=1, stream=7, tid=100,
+                 correlation=correlation + 100 + offset, launch=edge + offset)
+        )  # fmt: skip
     for w in range(5):  # work launched outside any range
         s = T0 + rng.randint(0, 30) * MS
         trace.work.append(dict(kind="kernel", name="orphan", start=s, end=s + 40 * US, gpu=0, stream=7, tid=100,
