@@ -325,6 +325,12 @@ class Store:
         with self._client(failure=StoreError) as client:
             return client.query_arrow(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
 
+    def execute(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Run one of tracehouse's own statements that answers nothing (benchmarks fill the store so)."""
+        self.ensure_ready()
+        with self._client(failure=StoreError) as client:
+            client.command(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
+
     def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
         """Run a user's SQL read-only under the engine's own enforcement and the limits.
 

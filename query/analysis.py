@@ -1,9 +1,9 @@
 """The SQL of the analyses over one timeline. Pure: text and bound parameters.
 
-Every analysis runs inside the store as set-based SQL: window functions make the union of
-GPU intervals ("islands" of busy time), ASOF joins tie GPU work to the NVTX ranges it was
-launched from and samples to the ranges they fall in, prefix sums give busy time inside
-any interval. Times in results are ns since the epoch (Int64).
+Every analysis runs inside the store as set-based SQL: a running maximum of GPU work's end
+times finds its idle gaps, ASOF joins tie GPU work to the NVTX ranges it was launched from
+and samples to the ranges they fall in, running sums give busy time inside any interval.
+Times in results are ns since the epoch (Int64).
 """
 
 from __future__ import annotations
@@ -32,195 +32,232 @@ SELECT host, gpu, {start} AS s, {end} AS e FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {where.sql()}"""
 
 
-def islands(work: str) -> str:
-    """CTE `islands(host, gpu, s, e)`: the union of the work's intervals per GPU, as disjoint
-    intervals. A row starts an island when it starts after every earlier row has ended."""
-    order = "PARTITION BY host, gpu ORDER BY s, e"
+def _reach(work: str) -> str:
+    """CTE `reach(host, gpu, s, e, reach)`: each interval with the latest end of those sorted
+    before it. Where it starts after that reach, the GPU was idle in [reach, s): a gap (the
+    first interval's empty frame gives reach 0, and no interval ends at 0)."""
     return f"""
-islands AS (
-    SELECT host, gpu, min(s) AS s, max(e) AS e FROM (
-        SELECT host, gpu, s, e, sum(starts) OVER ({order} ROWS UNBOUNDED PRECEDING) AS island FROM (
-            SELECT host, gpu, s, e,
-                   row_number() OVER ({order}) = 1
-                   OR s > max(e) OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS starts
-            FROM ({work}) WHERE e > s
-        )
-    ) GROUP BY host, gpu, island
+reach AS (
+    SELECT host, gpu, s, e,
+           max(e) OVER (PARTITION BY host, gpu ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM ({work}) WHERE e > s
 )"""
 
 
-def gpu_time(where: Predicates, clip_from: int | None, clip_to: int | None) -> Query:
-    span_start = "{clip_from:Int64}" if clip_from is not None else "min(s)"
-    span_end = "{clip_to:Int64}" if clip_to is not None else "max(e)"
-    sql = f"""
-WITH {islands(_work(where, clip_from, clip_to))}
-SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_ns - busy_ns AS idle_ns,
-       100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands
-FROM (SELECT host, gpu, {span_start} AS span_start_ns, {span_end} AS span_end_ns, sum(e - s) AS busy_ns,
-             count() AS islands
-      FROM islands GROUP BY host, gpu)
-ORDER BY host, gpu"""
-    return sql, where.params
+GAP = "reach > 0 AND s > reach"
 
 
 def _gaps(where: Predicates, clip_from: int | None, clip_to: int | None) -> str:
     """CTE text: `gaps(host, gpu, start_ns, end_ns, length_ns)`, the idle time between islands."""
-    return f"""{islands(_work(where, clip_from, clip_to))},
-gaps AS (
-    SELECT host, gpu, e AS start_ns, next_s AS end_ns, next_s - e AS length_ns FROM (
-        SELECT host, gpu, e,
-               leadInFrame(s) OVER (PARTITION BY host, gpu ORDER BY s ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)
-                   AS next_s,
-               row_number() OVER (PARTITION BY host, gpu ORDER BY s DESC) AS from_last
-        FROM islands)
-    WHERE from_last > 1
-)"""
+    return f"""{_reach(_work(where, clip_from, clip_to))},
+gaps AS (SELECT host, gpu, reach AS start_ns, s AS end_ns, s - reach AS length_ns FROM reach WHERE {GAP})"""
 
 
-def gpu_gaps(where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, limit: int) -> Query:
+def gpu_time(where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int) -> Query:
+    """Per GPU: span, busy, idle, busy %, islands, and its `max_gaps` longest gaps over
+    `min_gap` as an array; one pass over the work. Busy time is the union's extent less its
+    gaps."""
+    span_start = "{clip_from:Int64}" if clip_from is not None else "first"
+    span_end = "{clip_to:Int64}" if clip_to is not None else "last"
     sql = f"""
-WITH {_gaps(where, clip_from, clip_to)}
-SELECT host, gpu, start_ns, end_ns, length_ns FROM gaps WHERE length_ns > {{min_gap:Int64}}
-ORDER BY length_ns DESC, host, gpu, start_ns LIMIT {{limit:UInt32}}"""
-    return sql, {**where.params, "min_gap": min_gap, "limit": limit}
+WITH {_reach(_work(where, clip_from, clip_to))}
+SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_ns - busy_ns AS idle_ns,
+       100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands, gaps
+FROM (
+    SELECT host, gpu, min(s) AS first, max(e) AS last, {span_start} AS span_start_ns, {span_end} AS span_end_ns,
+           last - first - sumIf(s - reach, {GAP}) AS busy_ns, countIf({GAP}) + 1 AS islands,
+           arrayMap(g -> (g.2, g.3, -g.1),  -- longest first: sorted by negated length
+                    groupArraySortedIf({{max_gaps:UInt32}})(
+                        (reach - s, reach, s), {GAP} AND s - reach > {{min_gap:Int64}})) AS gaps
+    FROM reach GROUP BY host, gpu
+)
+ORDER BY host, gpu"""
+    return sql, {**where.params, "min_gap": min_gap, "max_gaps": max_gaps}
 
 
-def _ranges(where: Predicates) -> str:
+def _ranges(where: Predicates, materialized: bool = False) -> str:
+    """CTE `ranges`: NVTX ranges and phases in the window. Materialized (computed once, not
+    once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
     return f"""
-ranges AS (
+ranges AS {"MATERIALIZED " if materialized else ""}(
     SELECT id AS range_id, run_id, host, name, pid, tid, depth, extras['style'] AS style,
            {NS}(start) AS rs, {NS}(end) AS re
     FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
 )"""
 
 
-def _levels_join(left: str, time: str) -> str:
+def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
     """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (thread,
     style, depth) never overlap, so per lane the latest range starting at or before the time
-    is the only candidate; every row is tried against every lane."""
+    is the only candidate; every row is tried against every lane. The lane is joined on its
+    64-bit hash: one integer key is several times faster than five columns."""
     return f"""
-(SELECT *, lane.1 AS lane_style, lane.2 AS lane_depth FROM ({left})
- ARRAY JOIN (SELECT groupUniqArray((style, depth)) FROM ranges) AS lane) AS w
-ASOF INNER JOIN ranges AS r
-    ON w.run_id = r.run_id AND w.pid = r.pid AND w.tid = r.tid
-    AND w.lane_style = r.style AND w.lane_depth = r.depth AND w.{time} >= r.rs"""
+(SELECT *, cityHash64(run_id, pid, tid, level.1, level.2) AS lane FROM ({left})
+ ARRAY JOIN (SELECT groupUniqArray((style, depth)) FROM {ranges}) AS level) AS w
+ASOF INNER JOIN (SELECT *, cityHash64(run_id, pid, tid, style, depth) AS lane FROM {ranges}) AS r
+    ON w.lane = r.lane AND w.{time} >= r.rs"""
 
 
-def nvtx_gpu(where: Predicates, limit: int) -> tuple[Query, Query]:
-    """(summary per name, ranges in start order): GPU work launched from inside each range."""
+def _projection(ranges: str) -> str:
+    """CTEs `projected` and `projection`: each range of `ranges` with the GPU work launched
+    from inside it (same run, process and thread)."""
     work = f"""
 SELECT run_id, pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
 FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL
-  AND run_id IN (SELECT DISTINCT run_id FROM ranges)
-  AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')
-  AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"""
-    common = f"""
-WITH {_ranges(where)},
+  AND run_id IN (SELECT DISTINCT run_id FROM {ranges})
+  AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
+  AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
+    return f"""
 projected AS (
     SELECT r.range_id AS range_id, min(w.s) AS first_start, max(w.e) AS last_end, count() AS ops,
            countIf(w.kind = 'kernel') AS kernel_ops
-    FROM {_levels_join(work, "ls")}
+    FROM {_levels_join(work, "ls", ranges)}
     WHERE w.ls < r.re
     GROUP BY r.range_id
 ),
 projection AS (
-    SELECT ranges.*, p.ops AS ops, p.kernel_ops AS kernel_ops,
+    SELECT {ranges}.*, p.ops AS ops, p.kernel_ops AS kernel_ops,
            if(p.ops > 0, p.first_start, NULL) AS first_start, if(p.ops > 0, p.last_end, NULL) AS last_end,
            last_end - first_start AS projected
-    FROM ranges LEFT JOIN projected AS p USING range_id
+    FROM {ranges} LEFT JOIN projected AS p USING range_id
 )"""
+
+
+def nvtx_gpu_summary(where: Predicates) -> Query:
+    """Per range name: instances, range time, and the projected GPU time of the ranges."""
     # output names never reuse an input column's name: ClickHouse would read the alias instead
-    summary = f"""{common}
+    sql = f"""
+WITH {_ranges(where, materialized=True)},
+{_projection("ranges")}
 SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, sum(re - rs) AS range_total_ns,
        sum(projected) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
        quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
        max(projected) AS gpu_max_ns, if(countIf(ops > 0) > 1, stddevSamp(projected), 0) AS gpu_stddev_ns,
        sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
-FROM projection GROUP BY name ORDER BY gpu_total_ns DESC, name"""
-    trace = f"""{common}
+FROM projection GROUP BY name ORDER BY gpu_total_ns DESC, name
+SETTINGS enable_materialized_cte = 1"""
+    return sql, where.params
+
+
+def nvtx_gpu_ranges(where: Predicates, limit: int) -> Query:
+    """The first `limit` ranges in start order, each with its projection: only their work is read."""
+    sql = f"""
+WITH {_ranges(where)},
+first_ranges AS (SELECT * FROM ranges ORDER BY rs, range_id LIMIT {{limit:UInt32}}),
+{_projection("first_ranges")}
 SELECT range_id, name, style, depth, pid, tid, rs AS start_ns, re AS end_ns, re - rs AS duration_ns,
        first_start AS gpu_start_ns, last_end AS gpu_end_ns, projected AS gpu_duration_ns, ops AS gpu_ops,
        kernel_ops AS kernels
-FROM projection ORDER BY rs, range_id LIMIT {{limit:UInt32}}"""
-    return (summary, dict(where.params)), (trace, {**where.params, "limit": limit})
+FROM projection ORDER BY rs, range_id"""
+    return sql, {**where.params, "limit": limit}
 
 
 def phases(where: Predicates) -> Query:
-    """Per range name and GPU of its host: instances, time, the busy % inside its intervals of
-    the GPU work of the ranges' runs, and the NVML telemetry of the host inside them."""
+    """Per range name, host and GPU: instances, time, the busy % of the GPU inside them, and
+    the host's NVML telemetry inside them.
+
+    A range belongs to the GPUs its process ran work on (all the host's GPUs when it ran
+    none). The range borders cut each GPU's time into segments. Busy time before each border
+    comes from one sorted pass over the work and the borders together; an instance's busy
+    time is the difference at its two borders. Each segment knows the set of names covering
+    it (its cover); one ASOF join puts each sample in its segment, so every sample is read
+    once whatever the number of names, and counts once per name covering it."""
     metrics = ", ".join(f"'{m}'" for m in PHASE_METRICS.values())
-    work = f"""
-SELECT host, gpu, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
-WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND run_id IN (SELECT DISTINCT run_id FROM ranges)
-  AND end > fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')
-  AND start < fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"""
-    # every sample of the ranges' hosts, once per thread that has ranges (the join's lanes are per thread)
-    samples = f"""
-SELECT s.host AS host, s.gpu AS gpu, s.metric AS metric, {NS}(s.ts) AS t, s.value AS value,
-       threads.run_id AS run_id, threads.pid AS pid, threads.tid AS tid
-FROM {{db}}.samples AS s
-CROSS JOIN (SELECT DISTINCT run_id, pid, tid FROM ranges) AS threads
-WHERE s.metric IN ({metrics}) AND s.gpu >= 0 AND s.host IN (SELECT DISTINCT host FROM ranges)
-  AND s.ts >= fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')
-  AND s.ts < fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"""
+    lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
+    hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
+    in_ranges = f"run_id IN (SELECT DISTINCT run_id FROM ranges) AND end > {lo} AND start < {hi}"
+    order = "PARTITION BY key ORDER BY t, border, e"
     telemetry = ",\n       ".join(
-        f"countIf(metric = '{metric}') AS {name}_n, avgIf(value, metric = '{metric}') AS {name}_avg, "
-        f"maxIf(value, metric = '{metric}') AS {name}_max"
+        f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
+        f"maxIf(top, metric = '{metric}') AS {name}_max"
         for name, metric in PHASE_METRICS.items()
     )
+    results = ", ".join(
+        f"if(i.{n}_n > 0, i.{n}_sum / i.{n}_n, NULL) AS {n}_avg, if(i.{n}_n > 0, i.{n}_max, NULL) AS {n}_max"
+        for n in PHASE_METRICS
+    )
     sql = f"""
-WITH {_ranges(where)},
-{islands(work)},
-busy_before AS (
-    SELECT host, gpu, s, e, sum(e - s) OVER (PARTITION BY host, gpu ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING
-                                              AND 1 PRECEDING) AS before
-    FROM islands
+WITH {_ranges(where, materialized=True)},
+process_gpus AS MATERIALIZED (
+    SELECT DISTINCT run_id, pid, host, gpu FROM {{db}}.events
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges}
 ),
-gpus AS (
-    SELECT DISTINCT host, gpu FROM islands
+host_gpus AS MATERIALIZED (
+    SELECT DISTINCT host, gpu FROM process_gpus
     UNION DISTINCT
     SELECT DISTINCT host, gpu FROM {{db}}.samples
-    WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
-      AND ts >= fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')
-      AND ts < fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')
+    WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {lo} AND ts < {hi}
 ),
-instances AS (
-    SELECT r.name AS name, r.host AS host, g.gpu AS gpu, r.rs AS rs, r.re AS re
-    FROM ranges AS r INNER JOIN gpus AS g ON g.host = r.host
+instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
+    SELECT r.range_id AS range_id, cityHash64(g.host, g.gpu) AS key, r.rs AS rs, r.re AS re
+    FROM ranges AS r INNER JOIN process_gpus AS g ON g.run_id = r.run_id AND g.pid = r.pid
+    UNION ALL
+    SELECT r.range_id, cityHash64(g.host, g.gpu), r.rs, r.re
+    FROM ranges AS r INNER JOIN host_gpus AS g ON g.host = r.host
+    WHERE (r.run_id, r.pid) NOT IN (SELECT run_id, pid FROM process_gpus)
 ),
-busy AS (
-    SELECT name, gpu, count() AS instances, sum(re - rs) AS total_ns, sum(until_end - until_start) AS busy_ns
-    FROM (
-        SELECT i.name AS name, i.gpu AS gpu, i.rs AS rs, i.re AS re, until_start,
-               b2.before + least(i.re, b2.e) - b2.s AS until_end
-        FROM (
-            SELECT i.*, b1.before + least(i.rs, b1.e) - b1.s AS until_start
-            FROM instances AS i ASOF LEFT JOIN busy_before AS b1 ON b1.host = i.host AND b1.gpu = i.gpu AND b1.s <= i.rs
-        ) AS i
-        ASOF LEFT JOIN busy_before AS b2 ON b2.host = i.host AND b2.gpu = i.gpu AND b2.s <= i.re
-    ) GROUP BY name, gpu
+stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
+    SELECT cityHash64(host, gpu) AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
+           0 AS range_id FROM {{db}}.events
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t
+    UNION ALL
+    SELECT key, border.1, 0, 1, border.2, range_id FROM instances ARRAY JOIN [(rs, -1), (re, 1)] AS border
+),
+reached AS (  -- reach: the latest end of the work before each row
+    SELECT key, t, e, border, sign, range_id,
+           max(e) OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM stream
+),
+borders AS MATERIALIZED (  -- busy: GPU time covered before t (work adds what it covers past the reach);
+    -- n: how many borders lie at or before t, the same for borders at one time
+    SELECT key, t, sign, range_id, n, covered - greatest(0, reach - t) AS busy FROM (
+        SELECT key, t, border, sign, range_id, reach,
+               sum(if(border = 0, greatest(0, e - greatest(t, reach)), 0)) OVER ({order} ROWS UNBOUNDED PRECEDING)
+                   AS covered,
+               sum(border) OVER ({order} RANGE UNBOUNDED PRECEDING) AS n
+        FROM reached
+    ) WHERE border = 1
+),
+spans AS MATERIALIZED (  -- each instance: its length, busy time, and the numbers of its borders
+    SELECT key, range_id, sum(sign * t) AS length, sum(sign * busy) AS busy, min(n) AS first, max(n) AS last
+    FROM borders GROUP BY key, range_id
+),
+covers AS MATERIALIZED (  -- segment n runs from the borders numbered n to the next ones
+    SELECT key, n, arraySort(groupUniqArray(name)) AS names, cityHash64(names) AS cover
+    FROM (SELECT s.key AS key, r.name AS name, arrayJoin(range(s.first, s.last)) AS n
+          FROM spans AS s INNER JOIN ranges AS r USING (range_id))
+    GROUP BY key, n
+),
+segments AS (  -- every border time starts a segment; cover 0: no range covers it
+    SELECT b.key AS key, b.t AS s, c.cover AS cover
+    FROM (SELECT DISTINCT key, t, n FROM borders) AS b LEFT JOIN covers AS c ON c.key = b.key AND c.n = b.n
 ),
 inside AS (
-    SELECT name, gpu, count() AS samples,
+    SELECT key, cover, metric, count() AS n, sum(value) AS total, max(value) AS top
+    FROM (SELECT cityHash64(host, gpu) AS key, metric, {NS}(ts) AS t, value FROM {{db}}.samples
+          WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
+            AND ts >= {lo} AND ts < {hi}) AS w
+    ASOF INNER JOIN segments AS g ON g.key = w.key AND w.t >= g.s
+    WHERE cover != 0
+    GROUP BY key, cover, metric
+),
+gpus AS (SELECT DISTINCT host, gpu, cityHash64(host, gpu) AS key FROM host_gpus),
+named AS (
+    SELECT name, key, sum(n) AS samples,
        {telemetry}
-    FROM (  -- a sample inside several instances of one name (on several threads) counts once
-        SELECT DISTINCT r.name AS name, w.gpu AS gpu, w.metric AS metric, w.t AS t, w.value AS value
-        FROM {_levels_join(samples, "t")}
-        WHERE w.t < r.re AND w.host = r.host
-    )
-    GROUP BY name, gpu
+    FROM inside INNER JOIN (SELECT DISTINCT key, cover, names FROM covers) AS c USING (key, cover)
+    ARRAY JOIN names AS name
+    GROUP BY name, key
 )
-SELECT b.name AS name, b.gpu AS gpu, b.instances AS instances, b.total_ns AS total_ns,
-       100 * b.busy_ns / b.total_ns AS busy_pct, i.samples AS samples,
-       {
-        ", ".join(
-            f"if(i.{n}_n > 0, i.{n}_avg, NULL) AS {n}_avg, if(i.{n}_n > 0, i.{n}_max, NULL) AS {n}_max"
-            for n in PHASE_METRICS
-        )
-    }
-FROM busy AS b LEFT JOIN inside AS i ON i.name = b.name AND i.gpu = b.gpu
-ORDER BY total_ns DESC, name, gpu"""
+SELECT s.name AS name, g.host AS host, g.gpu AS gpu, s.instances AS instances, s.total_ns AS total_ns,
+       if(s.total_ns > 0, 100 * s.busy_ns / s.total_ns, NULL) AS busy_pct, i.samples AS samples, {results}
+FROM (SELECT r.name AS name, key, count() AS instances, sum(length) AS total_ns, sum(busy) AS busy_ns
+      FROM spans AS s INNER JOIN ranges AS r USING (range_id) GROUP BY name, key) AS s
+INNER JOIN gpus AS g ON g.key = s.key
+LEFT JOIN named AS i ON i.name = s.name AND i.key = s.key
+ORDER BY total_ns DESC, name, host, gpu
+SETTINGS enable_materialized_cte = 1"""
     return sql, where.params
 
 

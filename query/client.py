@@ -250,7 +250,8 @@ class Client:
         return {"gpus": frame_of(answer.gpus), "gaps": frame_of(answer.gaps)}
 
     def nvtx_gpu(self, limit: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
-        """{"summary": per range name, "ranges": each range with the GPU work launched inside it}."""
+        """{"summary": per range name, "ranges": the first `limit` ranges, each with the GPU work
+        launched inside it (none unless limit > 0)}."""
         answer = self._call("NvtxGpu", query_pb2.NvtxGpuRequest(window=make_window(**window), limit=limit))
         return {"summary": frame_of(answer.summary), "ranges": frame_of(answer.ranges)}
 

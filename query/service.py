@@ -193,16 +193,25 @@ class QueryService(query_pb2_grpc.QueryServicer):
         if min_gap < 0:
             raise QueryError("min_gap_ns", "must not be negative")
         max_gaps = _bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
+        table = self.store.query(
+            *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps)
+        )
+        gaps = _unfold_gaps(table, max_gaps)
+        gpus = table.drop_columns(["gaps"])
         return query_pb2.GpuTimeResponse(
-            gpus=self._table(*analysis.gpu_time(event_predicates(window, run), clip_from, clip_to)),
-            gaps=self._table(*analysis.gpu_gaps(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps)),
+            gpus=query_pb2.Table(arrow_ipc=ipc_bytes(gpus), rows=gpus.num_rows),
+            gaps=query_pb2.Table(arrow_ipc=ipc_bytes(gaps), rows=gaps.num_rows),
         )
 
     def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
         window, run = self._scope(request.window)
-        limit = _bounded(request.limit, 1000, self.limits.max_list_rows, "limit")
-        summary, ranges = analysis.nvtx_gpu(event_predicates(window, run), limit)
-        return query_pb2.NvtxGpuResponse(summary=self._table(*summary), ranges=self._table(*ranges))
+        limit = _bounded(request.limit, 0, self.limits.max_list_rows, "limit")
+        answer = query_pb2.NvtxGpuResponse(
+            summary=self._table(*analysis.nvtx_gpu_summary(event_predicates(window, run)))
+        )
+        if limit:
+            answer.ranges.CopyFrom(self._table(*analysis.nvtx_gpu_ranges(event_predicates(window, run), limit)))
+        return answer
 
     def Phases(self, request: query_pb2.PhasesRequest, context: Any) -> query_pb2.Table:
         window, run = self._scope(request.window)
@@ -241,6 +250,19 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError("sql", f"longer than {self.limits.max_string_bytes} bytes")
         data, rows, truncated = self.store.user_sql(request.sql, request.max_rows)
         return query_pb2.Table(arrow_ipc=data, rows=rows, truncated=truncated)
+
+
+def _unfold_gaps(table: pa.Table, limit: int) -> pa.Table:
+    """The per-GPU arrays of longest gaps as one table, longest first over every GPU."""
+    rows = [
+        {"host": host, "gpu": gpu, "start_ns": start, "end_ns": end, "length_ns": length}
+        for host, gpu, longest in zip(*(table.column(c).to_pylist() for c in ("host", "gpu", "gaps")), strict=True)
+        for start, end, length in (gap.values() for gap in longest or [])  # each gap arrives as a struct
+    ]
+    rows.sort(key=lambda r: (-r["length_ns"], r["host"], r["gpu"], r["start_ns"]))
+    schema = pa.schema([("host", pa.string()), ("gpu", pa.int16()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                        ("length_ns", pa.int64())])  # fmt: skip
+    return pa.Table.from_pylist(rows[:limit], schema=schema)
 
 
 def _first_row(table: pa.Table) -> tuple[Any, ...]:

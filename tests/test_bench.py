@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracehouse.bench import bench_agent, bench_import, bench_ingest
+from tracehouse.bench import bench_agent, bench_import, bench_ingest, bench_query
 
 
 def test_bench_ingest_runs_and_loses_nothing() -> None:
@@ -25,3 +25,14 @@ def test_bench_agent_runs_and_stores_every_value() -> None:
     result = bench_agent(gpus=2, interval=0.1, seconds=2.0)
     assert result["sampled_values"] == result["stored_values"] > 0
     assert 0 < result["agent_share_of_one_core"] < 1
+
+
+def test_bench_query_builds_the_run_it_asks_about() -> None:
+    result = bench_query(kernels=8_000, ranges=800, samples=32_000)
+    assert result["data"] | {"span_s": 0, "generated_in_s": 0} == {
+        "kernels": 8_000, "api": 8_000, "ranges": 800, "samples": 32_000, "span_s": 0, "generated_in_s": 0
+    }  # fmt: skip
+    assert set(result["seconds"]) == {
+        "baseline_scan_events", "series_2000_points", "events_1s_window", "gpu_time", "nvtx_gpu", "phases"
+    }  # fmt: skip
+    assert all(seconds > 0 for seconds in result["seconds"].values())

@@ -235,7 +235,8 @@ def _add_query(commands: Any) -> None:
     gpu_time.add_argument("--max-gaps", type=_positive, default=1000, help="the longest N gaps (default %(default)s)")
     nvtx_gpu = sub.add_parser("nvtx-gpu", parents=[common], help="NVTX ranges projected onto the GPU work they launch")
     _add_window(nvtx_gpu)
-    nvtx_gpu.add_argument("--limit", type=_positive, default=1000, help="ranges listed (default %(default)s)")
+    nvtx_gpu.add_argument("--ranges", type=_positive, default=None, metavar="N",
+                          help="also list the first N ranges, each with its projection")  # fmt: skip
     phases = sub.add_parser("phases", parents=[common], help="GPU busy %% and telemetry inside each phase")
     _add_window(phases)
     launch = sub.add_parser("launch", parents=[common], help="launch latency, short kernels, idle after syncs")
@@ -276,6 +277,10 @@ def _add_bench(commands: Any) -> None:
     nsys = sub.add_parser("import", help="events/s importing an Nsight Systems export vs a sqlite3 scan")
     nsys.add_argument("--events", type=_positive, default=5_000_000, help="size of the synthetic export")
     nsys.add_argument("--file", type=Path, default=None, help="an export to import instead of a synthetic one")
+    query = sub.add_parser("query", help="latency of the analyses on one big synthetic run")
+    query.add_argument("--kernels", type=_positive, default=10_000_000, help="kernels (and as many API calls)")
+    query.add_argument("--ranges", type=_positive, default=1_000_000, help="NVTX ranges")
+    query.add_argument("--samples", type=_positive, default=100_000_000, help="NVML samples")
     agent = sub.add_parser("agent", help="the agent's CPU share of one core, simulated GPUs at 10 Hz")
     agent.add_argument("--gpus", type=_positive, default=8)
     agent.add_argument("--interval", type=_seconds, default=0.1)
@@ -328,7 +333,7 @@ def run_query(args: argparse.Namespace) -> int:
         elif args.what == "gpu-time":
             frame = client.gpu_time(args.min_gap, args.max_gaps, **_window(args))
         elif args.what == "nvtx-gpu":
-            frame = client.nvtx_gpu(args.limit, **_window(args))
+            frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
         elif args.what == "phases":
             frame = client.phases(**_window(args))
         elif args.what == "launch":
