@@ -14,6 +14,7 @@ import random
 import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 SHAPES = ("2021.2", "2022.4", "2026.1")
@@ -48,6 +49,25 @@ class Spec:
     kernels_per_step: int = 5
     gpu_metrics: bool = True
     seed: int = 7
+    start_ns: int = SESSION_START_NS  # the session's start, ns since the epoch
+    time_scale: int = 1  # every time from the session's start multiplied: 1000 makes µs steps ms steps
+
+
+# the leading columns of each table that are times from the session's start
+TIME_COLUMNS = {
+    "CUPTI_ACTIVITY_KIND_RUNTIME": 2,
+    "CUPTI_ACTIVITY_KIND_KERNEL": 2,
+    "CUPTI_ACTIVITY_KIND_MEMCPY": 2,
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": 2,
+    "NVTX_EVENTS": 2,
+    "OSRT_API": 2,
+    "GPU_METRICS": 1,
+}
+
+
+def _dilated(rows: Iterable[tuple[object, ...]], columns: int, scale: int) -> Iterator[tuple[object, ...]]:
+    for row in rows:
+        yield tuple(v * scale if i < columns and isinstance(v, int) else v for i, v in enumerate(row))
 
 
 def _columns(shape: str) -> dict[str, str]:
@@ -157,6 +177,8 @@ def write_export(path: Path, spec: Spec = Spec()) -> dict[str, int]:
 
     def insert(table: str, rows: Iterable[tuple[object, ...]], into: str = "") -> None:
         width = len(columns[table].split(", "))
+        if spec.time_scale != 1 and table in TIME_COLUMNS:
+            rows = _dilated(rows, TIME_COLUMNS[table], spec.time_scale)
         cursor = connection.executemany(f"INSERT INTO {into or table} VALUES ({', '.join('?' * width)})", rows)
         counts[into or table] = counts.get(into or table, 0) + cursor.rowcount
 
@@ -178,8 +200,9 @@ def write_export(path: Path, spec: Spec = Spec()) -> dict[str, int]:
                                 2039000000000, 1410000, 108, 0, "GPU-7c5a4e9b-0000-4000-8000-00000000a100", 0,
                                 "GA100", 0, 8, 0)])  # fmt: skip
     if spec.shape != "2021.2":
+        started = datetime.fromtimestamp(spec.start_ns // 1_000_000_000, tz=UTC)
         insert("TARGET_INFO_SESSION_START_TIME", [
-            (SESSION_START_NS, "2026-09-21T14:13:20Z", "2026-09-21T14:13:20")
+            (spec.start_ns, f"{started:%Y-%m-%dT%H:%M:%S}Z", f"{started:%Y-%m-%dT%H:%M:%S}")
             + ((123_456_789,) if spec.shape == "2026.1" else ())
         ])  # fmt: skip
         insert("PROCESSES", [(global_pid(PID), PID, "python train.py"), (global_pid(1), 1, "systemd")])

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from query.lanes import LANE_COLUMNS
 from tracehouse.config import default_server
 from tracehouse.timefmt import parse_time
 from tracehouse.v1 import query_pb2, query_pb2_grpc
@@ -237,6 +238,17 @@ class Client:
                 break
         frame = pd.concat(frames, ignore_index=True)
         return frame if limit is None else frame.head(limit)
+
+    def lanes(self, kinds: Sequence[str] = (), buckets: int = 0, **window: Any) -> pd.DataFrame:
+        """Per lane and time bucket: events, busy_ns, top_name; attrs hold the grid (start_ns,
+        bucket_ns, buckets) and the number of events in the window."""
+        request = query_pb2.LanesRequest(window=make_window(**window), kinds=_as_list(kinds), buckets=buckets)
+        answer = self._call("Lanes", request)
+        frame = frame_of(answer.lanes) if answer.lanes.arrow_ipc else pd.DataFrame(columns=LANE_COLUMNS)
+        frame.attrs.update(
+            start_ns=answer.start_ns, bucket_ns=answer.bucket_ns, buckets=answer.buckets, events=answer.events
+        )
+        return frame
 
     def summary(self, kind: str, limit: int = 0, **window: Any) -> pd.DataFrame:
         """nsys-stats style summary: kind is kernels, api, memops or nvtx."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
-from query import analysis, sql
+from query import analysis, lanes, sql
 from query.window import (
     QueryError,
     RunNotFound,
@@ -43,6 +44,12 @@ def _bounded(value: int, default: int, maximum: int, field: str) -> int:
     if value > maximum:
         raise QueryError(field, f"{value} is over the limit of {maximum}")
     return value or default
+
+
+def _check_kinds(kinds: Sequence[str]) -> None:
+    for kind in kinds:
+        if kind not in EVENT_KINDS:
+            raise QueryError("kinds", f"unknown kind {kind[:64]!r}; known: {', '.join(EVENT_KINDS)}")
 
 
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -156,9 +163,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def Events(self, request: query_pb2.EventsRequest, context: Any) -> query_pb2.EventsResponse:
         window, run = self._scope(request.window)
-        for kind in request.kinds:
-            if kind not in EVENT_KINDS:
-                raise QueryError("kinds", f"unknown kind {kind[:64]!r}; known: {', '.join(EVENT_KINDS)}")
+        _check_kinds(request.kinds)
         page_size = _bounded(request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size")
         after = sql.parse_page_token(request.page_token)
         where = sql.kinds_filter(
@@ -175,6 +180,27 @@ class QueryService(query_pb2_grpc.QueryServicer):
             answer.next_page_token = sql.page_token(last["start_ns"], last["id"])
         _event_columns(table, answer)
         return answer
+
+    def Lanes(self, request: query_pb2.LanesRequest, context: Any) -> query_pb2.LanesResponse:
+        window, run = self._scope(request.window)
+        _check_kinds(request.kinds)
+        buckets = _bounded(request.buckets, self.limits.default_points, self.limits.max_points, "buckets")
+        where = sql.kinds_filter(event_predicates(window, run), list(request.kinds), [])
+        first, last, count = _first_row(self.store.query(*lanes.event_span(where)))
+        start, end = bounds(window, run)
+        if not count:
+            return query_pb2.LanesResponse()
+        start = first if start is None else start
+        end = last + 1 if end is None else end
+        width = -(-(end - start) // buckets)
+        table = self.store.query(*lanes.lanes(where, start, end, width))
+        return query_pb2.LanesResponse(
+            start_ns=start,
+            bucket_ns=width,
+            buckets=buckets,
+            lanes=query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows),
+            events=count,
+        )
 
     def Summary(self, request: query_pb2.SummaryRequest, context: Any) -> query_pb2.Table:
         window, run = self._scope(request.window)

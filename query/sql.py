@@ -166,7 +166,11 @@ def runs(host: str, source: str, name_contains: str, limit: int) -> tuple[str, d
     if source:
         where.add("source = {source:String}", source=source)
     if name_contains:
-        where.add("positionCaseInsensitiveUTF8(name, {needle:String}) > 0", needle=name_contains)
+        where.add(
+            "(positionCaseInsensitiveUTF8(name, {needle:String}) > 0"
+            " OR positionCaseInsensitive(run_id, {needle:String}) > 0)",
+            needle=name_contains,
+        )
     where.add("NOT importing")
     sql = f"""
 SELECT run_id, name, host, source, toUnixTimestamp64Nano(start) AS start_ns,

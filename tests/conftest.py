@@ -1,4 +1,5 @@
-"""Fixtures: a real chDB store in a temp folder and the real gRPC server on a loopback port."""
+"""Fixtures: a real chDB store in a temp folder and the real gRPC server on a loopback port;
+`traces`: two synthetic training runs stored through it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from ingest.store import Store
 from query.client import Client
+from tests.timeline_trace import Trace, make_trace, store_trace
 from tracehouse.model import DEFAULT_LIMITS, Limits
 from tracehouse.serve import Server, create_server
 from tracehouse.v1 import ingest_pb2_grpc
@@ -62,3 +64,11 @@ def client(address: str) -> Iterator[Client]:
 
 def small_limits(**changes: object) -> Limits:
     return dataclasses.replace(DEFAULT_LIMITS, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def traces(ingest: ingest_pb2_grpc.IngestStub) -> dict[str, Trace]:
+    stored = {"r1": make_trace("r1", seed=1), "r2": make_trace("r2", seed=2, steps=30)}
+    for trace in stored.values():
+        store_trace(ingest, trace)
+    return stored

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -243,23 +244,29 @@ def test_agent_without_driver_suggests_simulate(tmp_path: Path) -> None:
     assert result.returncode == 1 and "--simulate" in result.stderr
 
 
-def test_up_runs_server_and_agent_and_stops_cleanly(tmp_path: Path) -> None:
-    """The README's first command: `tracehouse up` on a machine without a GPU."""
-    port = closed_port()
+def test_up_runs_server_agent_and_ui_with_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
+    """The README's first command, `tracehouse up`, with --demo, on a machine without a GPU."""
+    port, ui_port = closed_port(), closed_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "up", "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "tracehouse.cli", "up", "--listen", f"127.0.0.1:{port}", "--ui-port", str(ui_port),
+         "--demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"},
-    )
+    )  # fmt: skip
     assert process.stdout is not None
-    banner = process.stdout.readline()
-    assert banner.startswith(f"tracehouse is up: gRPC on 127.0.0.1:{port}, agent sampling 2 simulated GPUs")
-    time.sleep(2.5)
+    banner = [process.stdout.readline() for _ in range(5)]
+    assert banner[0].startswith(f"tracehouse is up: gRPC on 127.0.0.1:{port}, agent sampling 2 simulated GPUs")
+    assert banner[1].strip() == f"UI: http://127.0.0.1:{ui_port}" and banner[4].strip() == "Ctrl-C stops it."
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/_stcore/health", timeout=10) as health:
+        assert health.status == 200
+    time.sleep(2.0)
     with Client(f"127.0.0.1:{port}") as client:
         runs = client.runs(source="agent")
         util = client.series("gpu.util_pct", run=runs["run_id"][0])
+        demo = client.runs(source="nsys").set_index("name")
+        phases = client.phases(run=demo.loc["demo tuned", "run_id"])
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -267,6 +274,11 @@ def test_up_runs_server_and_agent_and_stops_cleanly(tmp_path: Path) -> None:
     assert report["stored"] == report["sampled"] > 0 and report["dropped"] == 0
     assert set(util["gpu"]) == {0, 1} and util["count"].sum() > 0
     assert (tmp_path / "store").is_dir(), "the embedded store lives under TRACEHOUSE_HOME"
+    assert set(demo.index) == {"demo baseline", "demo tuned"} and all(t == {"demo": "true"} for t in demo["tags"])
+    assert set(phases["name"]) >= {"train_step", "forward", "backward"}
+    assert phases["sm_util_avg"].notna().all(), "the demo's telemetry lies under its runs"
+    with pytest.raises(OSError):  # the UI stopped with the rest
+        urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/_stcore/health", timeout=5)
 
 
 def test_a_crashed_agents_spool_is_replayed_once_by_the_next(tmp_path: Path) -> None:

@@ -63,6 +63,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1..65535)")
+    return value
+
+
 def _gpu(text: str) -> int:
     try:
         value = int(text)
@@ -71,6 +78,14 @@ def _gpu(text: str) -> int:
     if not -1 <= value <= DEFAULT_LIMITS.max_gpu_index:
         raise argparse.ArgumentTypeError(f"{value} is not a GPU index (-1 or 0..{DEFAULT_LIMITS.max_gpu_index})")
     return value
+
+
+def _add_server_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=None,
+        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
+    )
 
 
 def _add_serve(commands: Any) -> None:
@@ -84,15 +99,18 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--grace", type=float, default=30.0, help="seconds calls in flight get to finish on stop")
     up = commands.add_parser("up", help="run everything on this machine with the embedded store")
     up.add_argument("--listen", default=config.DEFAULT_LISTEN, help="host:port (default %(default)s)")
+    up.add_argument("--ui-port", type=_port, default=8501, help="port of the UI on 127.0.0.1 (default %(default)s)")
+    up.add_argument("--no-ui", action="store_true", help="run the server and the agent only")
+    up.add_argument("--demo", action="store_true", help="also import two generated Nsight-style runs")
+    ui = commands.add_parser("ui", help="run the Streamlit explorer against a server")
+    _add_server_option(ui)
+    ui.add_argument("--port", type=_port, default=8501, help="port to serve the UI on (default %(default)s)")
+    ui.add_argument("--address", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
 
 
 def _add_agent(commands: Any) -> None:
     agent = commands.add_parser("agent", help="sample GPUs and ship the samples to tracehouse serve")
-    agent.add_argument(
-        "--server",
-        default=None,
-        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
-    )
+    _add_server_option(agent)
     agent.add_argument("--interval", type=_seconds, default=0.1, help="seconds between samples (default %(default)s)")
     agent.add_argument(
         "--slow-interval",
@@ -144,11 +162,7 @@ def _tag(text: str) -> tuple[str, str]:
 def _add_import(commands: Any) -> None:
     imports = commands.add_parser("import", help="import Nsight Systems SQLite exports")
     imports.add_argument("files", nargs="+", type=Path, metavar="FILE", help="nsys export --type sqlite output")
-    imports.add_argument(
-        "--server",
-        default=None,
-        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
-    )
+    _add_server_option(imports)
     imports.add_argument("--run-name", default="", help="name of the run (default: the file name)")
     imports.add_argument("--host", default="", help="host to file it under (default: the one the export names)")
     imports.add_argument(
@@ -181,11 +195,7 @@ def _duration(text: str) -> int:
 def _add_query(commands: Any) -> None:
     query = commands.add_parser("query", help="ask the Query service")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--server",
-        default=None,
-        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
-    )
+    _add_server_option(common)
     common.add_argument("--format", choices=("table", "json", "csv"), default="table")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default %(default)s)")
     sub = query.add_subparsers(dest="what", required=True, metavar="WHAT")
@@ -193,7 +203,7 @@ def _add_query(commands: Any) -> None:
     runs = sub.add_parser("runs", parents=[common], help="runs, newest first")
     runs.add_argument("--host", default="")
     runs.add_argument("--source", choices=RUN_SOURCES)
-    runs.add_argument("--name", default="", help="part of the name, any case")
+    runs.add_argument("--name", default="", help="part of the name or run id, any case")
     runs.add_argument("--limit", type=_positive, default=1000)
 
     devices = sub.add_parser("devices", parents=[common], help="GPUs per host")
@@ -468,9 +478,10 @@ class _Progress:
 def run_serve(args: argparse.Namespace) -> int:
     from ingest.store import StoreUnavailable
     from tracehouse.serve import serve
+    from tracehouse.up import Up
 
     store = getattr(args, "store", None) or config.default_store_url()
-    up = UpAgent() if args.command == "up" else None
+    up = Up(None if args.no_ui else args.ui_port, args.demo) if args.command == "up" else None
     try:
         return serve(
             store,
@@ -480,46 +491,26 @@ def run_serve(args: argparse.Namespace) -> int:
             on_ready=up.start if up else None,
             on_stop=up.stop if up else None,
         )
-    except (StoreUnavailable, OSError, ValueError) as error:
+    except (StoreUnavailable, OSError, ValueError, RuntimeError) as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
 
-class UpAgent:
-    """The agent that `tracehouse up` runs beside the server: NVML where there is a driver,
-    otherwise two simulated GPUs, with a notice."""
+def run_ui(args: argparse.Namespace) -> int:
+    from tracehouse.up import start_ui, stop_process
 
-    def __init__(self) -> None:
-        from agent.daemon import Agent
-
-        self.agent: Agent | None = None
-
-    def start(self, address: str) -> None:
-        from agent.daemon import Agent, AgentConfig, open_backend
-        from agent.gpu import BackendUnavailable
-
-        try:
-            backend = open_backend(None)
-            what = "NVML"
-        except BackendUnavailable as error:
-            print(f"tracehouse: {error}\ntracehouse: sampling 2 simulated GPUs instead", file=sys.stderr)
-            backend = open_backend(2)
-            what = "2 simulated GPUs"
-        self.agent = Agent(AgentConfig(server=address, spool=config.default_spool()), backend)
-        self.agent.start()
-        print(
-            f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}\n"
-            f"  tracehouse query runs --server {address}\n"
-            f"  tracehouse query series --metric gpu.util_pct --from -5m --server {address}\n"
-            "Ctrl-C stops it.",
-            flush=True,
-        )
-
-    def stop(self) -> None:
-        if self.agent is not None:
-            import json
-
-            print(json.dumps(self.agent.stop()), flush=True)
+    server = args.server or config.default_server()
+    try:
+        process = start_ui(server, args.port, args.address)
+    except RuntimeError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print(f"tracehouse UI: http://{args.address}:{args.port} (server {server}); Ctrl-C stops it.", flush=True)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        stop_process(process)
+        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -534,6 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_query(args)
     if args.command in ("serve", "up"):
         return run_serve(args)
+    if args.command == "ui":
+        return run_ui(args)
     if args.command == "agent":
         return run_agent(args)
     if args.command == "import":

@@ -197,7 +197,13 @@ def serve(
             log.warning("listening on %s without authentication: anyone who can reach it can read and write", host)
         log.info("tracehouse serve: listening on %s:%d, store %s", host, server.port, store.location.display)
         if on_ready is not None:
-            on_ready(f"{host}:{server.port}")
+            try:
+                on_ready(f"{host}:{server.port}")
+            except BaseException:
+                if on_stop is not None:
+                    on_stop()
+                server.stop(0)
+                raise
         stop.wait()
         if on_stop is not None:
             on_stop()

@@ -149,6 +149,30 @@ class EventsResponse(_message.Message):
     next_page_token: str
     def __init__(self, dictionary: _Optional[_Iterable[str]] = ..., events: _Optional[_Union[_batch_pb2.EventColumns, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class LanesRequest(_message.Message):
+    __slots__ = ("window", "kinds", "buckets")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    window: Window
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    buckets: int
+    def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., kinds: _Optional[_Iterable[str]] = ..., buckets: _Optional[int] = ...) -> None: ...
+
+class LanesResponse(_message.Message):
+    __slots__ = ("start_ns", "bucket_ns", "buckets", "lanes", "events")
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_NS_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    start_ns: int
+    bucket_ns: int
+    buckets: int
+    lanes: Table
+    events: int
+    def __init__(self, start_ns: _Optional[int] = ..., bucket_ns: _Optional[int] = ..., buckets: _Optional[int] = ..., lanes: _Optional[_Union[Table, _Mapping]] = ..., events: _Optional[int] = ...) -> None: ...
+
 class SummaryRequest(_message.Message):
     __slots__ = ("window", "kind", "limit")
     WINDOW_FIELD_NUMBER: _ClassVar[int]

@@ -63,6 +63,11 @@ class QueryStub:
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.EventsRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_query__pb2.EventsResponse.FromString,
                 _registered_method=True)
+        self.Lanes = channel.unary_unary(
+                '/tracehouse.v1.Query/Lanes',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.LanesRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.LanesResponse.FromString,
+                _registered_method=True)
         self.Summary = channel.unary_unary(
                 '/tracehouse.v1.Query/Summary',
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.SummaryRequest.SerializeToString,
@@ -134,6 +139,14 @@ class QueryServicer:
 
     def Events(self, request, context):
         """Events overlapping a window, ordered by (start, id), paged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Lanes(self, request, context):
+        """The timeline's lanes on a grid of equal buckets: per lane (GPU stream; or kind, process,
+        thread and depth) and bucket, the events, the time they cover and the top name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,6 +231,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Events,
                     request_deserializer=tracehouse_dot_v1_dot_query__pb2.EventsRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_query__pb2.EventsResponse.SerializeToString,
+            ),
+            'Lanes': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lanes,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.LanesRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.LanesResponse.SerializeToString,
             ),
             'Summary': grpc.unary_unary_rpc_method_handler(
                     servicer.Summary,
@@ -394,6 +412,33 @@ class Query:
             '/tracehouse.v1.Query/Events',
             tracehouse_dot_v1_dot_query__pb2.EventsRequest.SerializeToString,
             tracehouse_dot_v1_dot_query__pb2.EventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lanes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Lanes',
+            tracehouse_dot_v1_dot_query__pb2.LanesRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.LanesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,235 @@
+"""Each page of the explorer under Streamlit's AppTest, against the real server with two
+stored runs: what it shows is checked against the Query client's own answers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from query.client import Client
+from tests.timeline_trace import MS, Trace
+from tracehouse.config import ENV_SERVER
+
+APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches() -> Iterator[None]:
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_resource.clear()
+
+
+def open_app(server: str, monkeypatch: pytest.MonkeyPatch, page: str = "", **params: str) -> AppTest:
+    monkeypatch.setenv(ENV_SERVER, server)
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.run()
+    if page:
+        app.switch_page(f"pages/{page}.py")
+        app.query_params.update(params)
+        app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
+
+
+def decoded(value: Any) -> Any:
+    """Plotly's JSON with its typed arrays ({"dtype", "bdata"}) as plain lists."""
+    if isinstance(value, dict):
+        if set(value) >= {"dtype", "bdata"}:
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+            shape = [int(n) for n in str(value.get("shape", len(array))).split(",")]
+            return array.reshape(shape)
+        return {k: decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decoded(v) for v in value]
+    return value
+
+
+def figure_of(app: AppTest, index: int = 0) -> dict[str, Any]:
+    return decoded(json.loads(app.get("plotly_chart")[index].proto.spec))
+
+
+def param(app: AppTest, key: str) -> str:
+    value = app.query_params[key]
+    return str(value[0] if isinstance(value, list) else value)
+
+
+def texts(elements: Any) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+def test_runs_page_lists_filters_and_opens_runs(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch)
+    assert texts(app.title) == "Runs"
+    listed = app.dataframe[0].value
+    assert set(listed["run"]) == {"r1", "r2"}
+    assert listed.set_index("run").loc["r1", "duration_s"] == pytest.approx(
+        (traces["r1"].end - traces["r1"].start) / 1e9
+    )
+    app.text_input[0].input("r2").run()
+    assert list(app.dataframe[0].value["run"]) == ["r2"]
+    app.multiselect[0].select("r2").run()
+    [open_timeline] = [b for b in app.button if b.label == "Open timeline"]
+    open_timeline.click().run()
+    assert texts(app.title) == "Timeline" and param(app, "run") == "r2"
+    assert app.get("plotly_chart"), "the timeline of the chosen run"
+
+
+def test_runs_page_compares_two_runs(address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch) -> None:
+    app = open_app(address, monkeypatch)
+    app.multiselect[0].select("r1").select("r2").run()
+    [compare] = [b for b in app.button if b.label == "Compare"]
+    compare.click().run()
+    assert texts(app.title) == "Compare"
+    assert not app.dataframe[0].value.empty
+
+
+def test_an_empty_store_says_how_to_get_data_in(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for page in ("", "timeline", "kernels", "compare"):
+        app = open_app(address, monkeypatch, page)
+        assert "The store is empty" in texts(app.info) and "tracehouse import" in texts(app.info), page
+
+
+def test_an_unreachable_server_says_what_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for page in ("", "timeline", "sql"):
+        app = open_app(f"127.0.0.1:{port}", monkeypatch, page)
+        assert "Cannot reach the tracehouse server" in texts(app.error) and "tracehouse up" in texts(app.error), page
+        assert not app.get("plotly_chart")
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+
+def test_timeline_draws_downsampled_series_and_busy_lanes(
+    address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch, "timeline", run="r1", metrics="gpu.util_pct,gpu.power_w")
+    figure = figure_of(app)
+    lines = {(t["name"], t["yaxis"]): t for t in figure["data"] if t["type"] in ("scatter", "scattergl")}
+    expected = client.series(["gpu.util_pct", "gpu.power_w"], max_points=1500, run="r1")
+    assert len(lines) == 4  # two metrics, two GPUs
+    for (metric, gpu), part in expected.groupby(["metric", "gpu"]):
+        axis = "y" if metric == "gpu.util_pct" else "y2"
+        line = lines[(f"node-1 GPU {gpu}", axis)]
+        assert 0 < len(line["y"]) <= 1500
+        assert np.allclose(line["y"], part["avg"].to_numpy())
+    [cells] = [t for t in figure["data"] if t["type"] == "heatmap"]
+    assert {"GPU 0 · stream 7", "GPU 1 · stream 13", "NVTX · pid 100 · tid 100"} <= set(cells["y"])
+    assert "too many to tell apart" in texts(app.caption)
+
+
+def test_timeline_draws_events_one_by_one_when_zoomed_in(
+    address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forward = next(r for r in traces["r1"].ranges if r["name"] == "forward" and r["tid"] == 100)
+    start, end = forward["start"], forward["end"]
+    app = open_app(address, monkeypatch, "timeline", run="r1", **{"from": str(start), "to": str(end)})
+    figure = figure_of(app)
+    bars = [t for t in figure["data"] if t["type"] == "bar"]
+    drawn = sorted(name for t in bars for name in (row[0] for row in t["customdata"]))
+    kinds = ["kernel", "memcpy", "memset", "cuda_api", "nvtx", "sync"]
+    expected = client.events(kinds=kinds, run="r1", start=start, end=end)
+    assert drawn == sorted(expected["name"])
+    assert "forward" in drawn and any(name.startswith("kernel_") for name in drawn)
+
+
+def test_timeline_zoom_out_and_pan_rewrite_the_window_in_the_url(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = traces["r1"].start + 10 * MS
+    app = open_app(address, monkeypatch, "timeline", run="r1", **{"from": str(start), "to": str(start + 4 * MS)})
+    [zoom_out] = [b for b in app.button if b.label == "zoom out"]
+    zoom_out.click().run()
+    assert (int(param(app, "from")), int(param(app, "to"))) == (start - 2 * MS, start + 6 * MS)
+    [later] = [b for b in app.button if b.label == "later ▶"]
+    later.click().run()
+    assert (int(param(app, "from")), int(param(app, "to"))) == (start + 2 * MS, start + 10 * MS)
+
+
+def test_timeline_says_what_is_wrong_with_its_window(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch, "timeline", **{"from": "yesterday-ish"})
+    assert "does not parse" in texts(app.error) and "from" in texts(app.error)
+    app = open_app(address, monkeypatch, "timeline", **{"from": "1000", "to": "2000"})
+    assert "Nothing in this window" in texts(app.info)
+    app = open_app(address, monkeypatch, "timeline", run="no-such-run")
+    assert "not in the store" in texts(app.warning)
+
+
+# -- kernels & phases ---------------------------------------------------------------------------
+
+
+def test_kernels_and_phases_answer_for_the_window(
+    address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch, "kernels", run="r1")
+    assert "No CUDA API calls in this window" in texts(app.info)  # the trace has none
+    frames = [d.value for d in app.dataframe]
+    kernels, memops, nvtx, gpus, gaps, phases, projected = frames
+    pd.testing.assert_frame_equal(memops, client.summary("memops", run="r1"))
+    assert len(gaps) == len(client.gpu_time(run="r1")["gaps"]) > 0  # over 1 ms
+    app.select_slider[0].set_value("10us").run()
+    gaps = app.dataframe[4].value
+    pd.testing.assert_frame_equal(kernels, client.summary("kernels", run="r1"))
+    pd.testing.assert_frame_equal(nvtx, client.summary("nvtx", run="r1"))
+    expected_gaps = client.gpu_time(min_gap_ns=10_000, run="r1")["gaps"]
+    assert set(gpus["gpu"]) == {0, 1} and len(gaps) == len(expected_gaps) > 0
+    assert set(phases["name"]) == {"step", "forward", "backward", "idle", "allreduce", "async io", "edge", "tail"}
+    assert set(projected["name"]) == set(phases["name"])
+    assert len(app.get("download_button")) == len(frames)
+
+
+# -- compare ------------------------------------------------------------------------------------
+
+
+def test_compare_shows_the_biggest_changes_first(
+    address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch, "compare", a="r1", b="r2")
+    pd.testing.assert_frame_equal(app.dataframe[0].value, client.diff("r1", "r2"))
+    app.multiselect[0].unselect("api").unselect("memops").run()
+    assert set(app.dataframe[0].value["category"]) == {"kernels"}
+    app = open_app(address, monkeypatch, "compare", a="r1", b="r1")
+    assert "two different runs" in texts(app.info)
+
+
+# -- sql ----------------------------------------------------------------------------------------
+
+
+def test_sql_console_runs_read_only_queries(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_app(address, monkeypatch, "sql")
+    schema = pd.concat([d.value for d in app.dataframe[1:]])  # beside the answer
+    assert {"start", "end", "kind", "metric", "value"} <= set(schema["column"])
+    answer = app.dataframe[0].value
+    assert set(answer["name"]) == {w["name"] for w in traces["r1"].work + traces["r2"].work if w["kind"] == "kernel"}
+    app.text_area[0].input("SELECT number FROM system.numbers LIMIT 50")
+    app.number_input[0].set_value(10)
+    [run] = [b for b in app.button if b.label == "Run"]
+    run.click().run()
+    assert list(app.dataframe[0].value["number"]) == list(range(10)) and "cut off" in texts(app.caption)
+    app.text_area[0].input("DROP TABLE events")
+    [run] = [b for b in app.button if b.label == "Run"]
+    run.click().run()
+    assert "could not answer" in texts(app.error) and not app.exception

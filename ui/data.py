@@ -1,0 +1,59 @@
+"""The UI's answers from the Query service, cached briefly, and how a failure shows: what
+went wrong and what to do, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import streamlit as st
+
+from query.client import Client, QueryFailed
+from tracehouse.config import default_server
+
+ANSWER_TTL_S = 10
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def server() -> str:
+    return default_server()
+
+
+@st.cache_resource(show_spinner=False)
+def _client(address: str) -> Client:
+    return Client(address, timeout=120)
+
+
+@st.cache_data(ttl=ANSWER_TTL_S, show_spinner=False, max_entries=256)
+def _answer(address: str, method: str, args: tuple[Any, ...], options: tuple[tuple[str, Any], ...]) -> Any:
+    return getattr(_client(address), method)(*args, **dict(options))
+
+
+def ask(method: str, *args: Any, **options: Any) -> Any:
+    """A Client method's answer; on failure the page shows why and stops."""
+    address = server()
+    try:
+        return _answer(address, method, args, tuple(sorted(options.items())))
+    except QueryFailed as failure:
+        if failure.code in UNREACHABLE:
+            st.error(
+                f"Cannot reach the tracehouse server at `{address}`.\n\n"
+                "Start everything with `tracehouse up`, or the server alone with `tracehouse serve`; "
+                "to use another server, run `tracehouse ui --server HOST:PORT`."
+            )
+        else:
+            st.error(f"The server could not answer: {failure.message}")
+        st.stop()
+
+
+def stop_if_empty() -> None:
+    """A store with nothing in it: say how to get data in."""
+    if ask("runs", limit=1).empty and ask("devices").empty:
+        st.info(
+            "The store is empty. To get data in:\n"
+            "- `tracehouse agent` samples this host's GPUs (`--simulate 2` without a GPU);\n"
+            "- `tracehouse import report.sqlite` imports an Nsight Systems export "
+            "(`nsys export --type sqlite report.nsys-rep`);\n"
+            "- `tracehouse up --demo` runs everything with a generated demo run."
+        )
+        st.stop()

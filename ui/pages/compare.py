@@ -1,0 +1,48 @@
+"""Two runs side by side: kernels, CUDA API and memory operations matched by name, the
+biggest changes first."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.controls import run_label
+from ui.data import ask, stop_if_empty
+from ui.tables import table
+
+SUMMARIES = ("kernels", "api", "memops")
+
+st.title("Compare")
+stop_if_empty()
+runs = ask("runs")
+labels = run_label(runs)
+params = st.query_params.to_dict()
+choices = list(labels)
+if len(choices) < 2:
+    st.info("Comparing needs two runs in the store; import another (`tracehouse import report.sqlite`).")
+    st.stop()
+left, right = st.columns(2)
+# by default the two newest runs of one source (the list is newest first)
+pairs = runs.groupby("source", sort=False)["run_id"].apply(list)
+newest_pair = next((ids[:2] for ids in pairs if len(ids) >= 2), choices[:2])
+
+
+def pick(column: st.delta_generator.DeltaGenerator, title: str, key: str, fallback: str) -> str:
+    wanted = params.get(key, "")
+    index = choices.index(wanted if wanted in choices else fallback)
+    if wanted and wanted not in choices:
+        column.warning(f"Run `{wanted}` is not in the store.")
+    return str(
+        column.selectbox(title, choices, index=index, format_func=lambda run: labels.get(run, run), key=f"pick-{key}")
+    )
+
+
+run_a = pick(left, "Run A (before)", "a", newest_pair[1])
+run_b = pick(right, "Run B (after)", "b", newest_pair[0])
+if {"a": run_a, "b": run_b} != {k: params.get(k) for k in ("a", "b")}:
+    st.query_params.from_dict({"a": run_a, "b": run_b})
+summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
+if run_a == run_b:
+    st.info("Pick two different runs.")
+    st.stop()
+changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
+table(changes, "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A (ns)")

@@ -1,0 +1,58 @@
+"""Every run and host: find runs, pick one for the timeline or two to compare."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from tracehouse.model import RUN_SOURCES
+from ui.controls import SESSION_VIEW, run_label
+from ui.data import ask, stop_if_empty
+from ui.view import View
+
+st.title("Runs")
+stop_if_empty()
+search, host, source = st.columns([3, 2, 2])
+text = search.text_input("Search names", placeholder="resnet, bs256, ...")
+runs = ask("runs")
+hosts = sorted(runs["host"].unique())
+chosen_host = host.selectbox("Host", ["", *hosts], format_func=lambda h: h or "(all)")
+chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambda s: s or "(all)")
+found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
+devices = ask("devices")
+gpus_of_run = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].nunique()
+gpus_of_host = devices.groupby("host")["gpu"].nunique()
+table = pd.DataFrame(
+    {
+        "name": found["name"],
+        "run": found["run_id"],
+        "host": found["host"],
+        "source": found["source"],
+        "start": found["start"],
+        "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
+        "gpus": [
+            int(gpus_of_run.get(run, gpus_of_host.get(host, 0)))
+            for run, host in zip(found["run_id"], found["host"], strict=True)
+        ],
+        "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
+    }
+)
+st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
+st.dataframe(table, hide_index=True, width="stretch")
+labels = run_label(found)
+selected = st.multiselect(
+    "Select one run for its timeline, or two to compare",
+    list(labels),
+    format_func=lambda run: labels.get(run, run),
+    max_selections=2,
+)
+timeline, compare, _ = st.columns([1, 1, 4])
+if timeline.button("Open timeline", disabled=len(selected) != 1, type="primary"):
+    view = View(run=selected[0])
+    st.session_state[SESSION_VIEW] = view.params()
+    st.switch_page("pages/timeline.py", query_params=view.params())
+if compare.button("Compare", disabled=len(selected) != 2):
+    st.switch_page("pages/compare.py", query_params={"a": selected[0], "b": selected[1]})
+if not devices.empty:
+    with st.expander(f"GPUs ({len(devices)})"):
+        st.dataframe(devices.drop(columns=["attrs"]), hide_index=True, width="stretch")

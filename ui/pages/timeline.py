@@ -1,0 +1,72 @@
+"""One time axis: NVML series per GPU above, GPU streams, NVTX levels and CUDA API calls below.
+Select a span on any panel to zoom into it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from ui import figures
+from ui.controls import show, stamp, window_sidebar, zoom_buttons
+from ui.data import ask, stop_if_empty
+from ui.view import selected
+
+POINTS = 1500  # per series, and buckets per lane: about a wide screen's pixels
+EXACT_EVENTS = 4000  # up to this many events in the window are drawn one by one,
+CROWDED = 2  # unless a lane has more than this many in one bucket (about a pixel)
+LANE_KINDS = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "sync", "phase")
+
+st.title("Timeline")
+stop_if_empty()
+scope = window_sidebar()
+view = scope.view
+window = scope.window()
+available = sorted(ask("metrics", **window)["metric"].unique())
+shown = [m for m in view.metrics if m in available]
+metrics = st.multiselect(
+    "Metrics",
+    available,
+    default=shown,
+    key=f"metrics-{stamp(view)}",
+    help="NVML series, one line per GPU, downsampled on the server to the screen's width",
+)
+if metrics != shown:
+    show(replace(view, metrics=tuple(metrics)))
+kinds = st.multiselect("Lanes", LANE_KINDS, default=LANE_KINDS[:6], help="kinds of events drawn below the series")
+zoom_buttons(scope, "timeline")
+
+series = ask("series", metrics, max_points=POINTS, **window) if metrics else None
+lanes = ask("lanes", kinds=kinds, buckets=POINTS, **window) if kinds else None
+events_in_window = int(lanes.attrs["events"]) if lanes is not None else 0
+events = None
+if 0 < events_in_window <= EXACT_EVENTS and lanes is not None and lanes["events"].max() <= CROWDED:
+    events = ask("events", kinds=kinds, limit=EXACT_EVENTS, **window)
+if (series is None or series.empty) and not events_in_window:
+    st.info(
+        "Nothing in this window. Pick a run in the sidebar, widen the window (a preset, or "
+        "`zoom out`), or choose other metrics and lanes."
+    )
+    st.stop()
+if events_in_window and events is None:
+    st.caption(
+        f"{events_in_window:,} events, too many to tell apart at this width: each lane shows how busy it "
+        "was and what took most time, per bucket of about a pixel. Select a span to zoom in; events are "
+        "drawn one by one once they are few enough."
+    )
+drawn = series if series is not None else pd.DataFrame(columns=["host", "gpu", "metric", "bucket_start"])
+figure = figures.timeline(
+    figures.Window(scope.start_ns, scope.end_ns),
+    drawn,
+    [m for m in metrics if m in set(drawn["metric"])],
+    lanes=None if events is not None else lanes,
+    events=events,
+)
+chosen = st.plotly_chart(
+    figure, on_select="rerun", selection_mode="box", key=f"timeline-{stamp(view)}", config={"displaylogo": False}
+)
+boxes = chosen.selection.box if chosen else []
+if boxes:
+    x0, x1 = boxes[0]["x"][:2]
+    show(view.with_window(*selected(scope.start_ns, x0, x1)))
