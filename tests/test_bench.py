@@ -33,6 +33,7 @@ def test_bench_query_builds_the_run_it_asks_about() -> None:
         "kernels": 8_000, "api": 8_000, "ranges": 800, "samples": 32_000, "span_s": 0, "generated_in_s": 0
     }  # fmt: skip
     assert set(result["seconds"]) == {
-        "baseline_scan_events", "series_2000_points", "events_1s_window", "gpu_time", "nvtx_gpu", "phases"
+        "baseline_scan_events", "series_2000_points", "events_1s_window", "lanes_1500_buckets", "gpu_time",
+        "nvtx_gpu", "phases"
     }  # fmt: skip
     assert all(seconds > 0 for seconds in result["seconds"].values())

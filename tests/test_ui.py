@@ -4,6 +4,7 @@ stored runs: what it shows is checked against the Query client's own answers."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import socket
 from collections.abc import Iterator
@@ -17,8 +18,11 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from query.client import Client
-from tests.timeline_trace import MS, Trace
+from tests.helpers import request
+from tests.timeline_trace import MS, T0, Trace
+from tracehouse.batch import BatchBuilder
 from tracehouse.config import ENV_SERVER
+from tracehouse.v1 import ingest_pb2_grpc
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
 
@@ -233,3 +237,19 @@ def test_sql_console_runs_read_only_queries(
     [run] = [b for b in app.button if b.label == "Run"]
     run.click().run()
     assert "could not answer" in texts(app.error) and not app.exception
+
+
+def test_strings_from_outside_are_shown_as_text(
+    address: str, ingest: ingest_pb2_grpc.IngestStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostile = "<img src=x onerror=alert(1)> *bold* [link](javascript:alert(2))"
+    builder = BatchBuilder("evil-b", run_id="evil", host="node-1")
+    builder.add_run("evil", host="node-1", source="nsys", start=T0, end=T0 + MS)
+    builder.add_events("kernel", [T0 + 10], [T0 + 500], hostile, gpu=0, stream=7, pid=1, tid=1)
+    assert not ingest.Write(request(builder), timeout=30).duplicate
+    app = open_app(address, monkeypatch, "timeline", run="evil")
+    [bar] = [t for t in figure_of(app)["data"] if t["type"] == "bar"]
+    assert bar["customdata"][0][0] == html.escape(hostile)  # plotly reads tags in text; escaped, they are text
+    app = open_app(address, monkeypatch, "timeline", run=hostile)
+    warning = texts(app.warning)
+    assert "\\[link\\]\\(javascript" in warning and "\\<img" in warning  # markdown shows it as written

@@ -351,6 +351,8 @@ def _listening(server: Any) -> str:
 
 
 GOAL_QUERY_SECONDS = 2.0
+# the questions the goal is about; the baseline and the timeline's lanes are measured beside them
+GOAL_QUESTIONS = ("series_2000_points", "events_1s_window", "gpu_time", "nvtx_gpu", "phases")
 QUERY_GPUS = 8
 KERNELS_PER_STEP = 40  # per GPU
 STEP_NS = 1_000_000_000
@@ -443,6 +445,7 @@ def bench_query(kernels: int, ranges: int, samples: int) -> dict[str, Any]:
                 ),
                 "series_2000_points": lambda: client.series("gpu.util_pct", max_points=2000, run="bench-run"),
                 "events_1s_window": lambda: client.events(start=middle, end=middle + STEP_NS, run="bench-run"),
+                "lanes_1500_buckets": lambda: client.lanes(buckets=1500, run="bench-run"),
                 "gpu_time": lambda: client.gpu_time(run="bench-run"),
                 "nvtx_gpu": lambda: client.nvtx_gpu(run="bench-run"),
                 "phases": lambda: client.phases(run="bench-run"),
@@ -455,14 +458,14 @@ def bench_query(kernels: int, ranges: int, samples: int) -> dict[str, Any]:
             client.close()
             server.stop(5)
             store.close()
-    answered = {k: v for k, v in seconds.items() if k != "baseline_scan_events"}
+    slowest = max(seconds[question] for question in GOAL_QUESTIONS)
     return {
         "bench": "query",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "chdb": version("chdb")},
         "data": {**counts, "span_s": span / 1e9, "generated_in_s": round(generated, 1)},
         "seconds": seconds,
-        "goal": {"seconds": GOAL_QUERY_SECONDS, "met": max(answered.values()) <= GOAL_QUERY_SECONDS},
+        "goal": {"seconds": GOAL_QUERY_SECONDS, "questions": GOAL_QUESTIONS, "met": slowest <= GOAL_QUERY_SECONDS},
     }
 
 

@@ -497,9 +497,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_ui(args: argparse.Namespace) -> int:
+    from tracehouse.serve import is_loopback
     from tracehouse.up import start_ui, stop_process
 
     server = args.server or config.default_server()
+    if not is_loopback(f"{args.address}:{args.port}"):
+        print(
+            f"tracehouse: the UI on {args.address} has no login: anyone who can reach it can read the store",
+            file=sys.stderr,
+        )
     try:
         process = start_ui(server, args.port, args.address)
     except RuntimeError as error:

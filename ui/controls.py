@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from tracehouse.timefmt import format_ns
-from ui.data import ask
+from ui.data import ask, plain
 from ui.view import PRESETS, RunBounds, View, ViewError, pan, zoom
 
 SESSION_VIEW = "tracehouse.view"
@@ -106,11 +106,11 @@ def window_sidebar() -> Scope:
                 chosen = chosen.with_preset(PRESETS[preset])
             show(chosen)
     if view.run and view.run not in labels:
-        st.warning(f"Run `{view.run}` is not in the store (or is still being imported).")
+        st.warning(f"Run {plain(view.run)} is not in the store (or is still being imported).")
     try:
         start_ns, end_ns = view.window(time.time_ns(), run_bounds(runs, view.run) if view.run else None)
     except ViewError as error:
-        st.error(f"The window in the URL does not parse: {error}")
+        st.error(f"The window in the URL does not parse: {plain(str(error))}")
         st.stop()
     return Scope(view, start_ns, end_ns)
 

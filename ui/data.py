@@ -3,6 +3,7 @@ went wrong and what to do, never a traceback."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpc
@@ -13,6 +14,14 @@ from tracehouse.config import default_server
 
 ANSWER_TTL_S = 10
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$])")
+
+
+def plain(text: str, limit: int = 500) -> str:
+    """Text from outside (names, messages) shown as itself in Streamlit's markdown."""
+    return MARKDOWN_SPECIALS.sub(r"\\\1", text[:limit])
 
 
 def server() -> str:
@@ -37,12 +46,12 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
     except QueryFailed as failure:
         if failure.code in UNREACHABLE:
             st.error(
-                f"Cannot reach the tracehouse server at `{address}`.\n\n"
+                f"Cannot reach the tracehouse server at {plain(address)}.\n\n"
                 "Start everything with `tracehouse up`, or the server alone with `tracehouse serve`; "
                 "to use another server, run `tracehouse ui --server HOST:PORT`."
             )
         else:
-            st.error(f"The server could not answer: {failure.message}")
+            st.error(f"The server could not answer: {plain(failure.message, 2000)}")
         st.stop()
 
 

@@ -6,6 +6,7 @@ keeps ns apart over days, where a date axis would round to the millisecond.
 
 from __future__ import annotations
 
+import html
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def color_of(name: str) -> str:
 
 
 def lane_label(lane: str, host: str, gpu: int, stream: int, pid: int, tid: int, depth: int, hosts: int) -> str:
-    where = f"{host} · " if hosts > 1 else ""
+    where = f"{html.escape(host)} · " if hosts > 1 else ""
     if lane == "gpu":
         return f"{where}GPU {gpu} · stream {stream}"
     thread = f"pid {pid} · tid {tid}"
@@ -123,7 +124,7 @@ def timeline(
     total_points = len(series)
     for row, metric in enumerate(metrics, start=1):
         for (host, gpu), part in series[series["metric"] == metric].groupby(["host", "gpu"], sort=True):
-            name = f"{host} GPU {gpu}" if int(str(gpu)) >= 0 else str(host)
+            name = html.escape(f"{host} GPU {gpu}" if int(str(gpu)) >= 0 else str(host))
             _add_series(figure, window, part, name, row, total_points)
         figure.update_yaxes(title_text=metric, title_font={"size": 11}, row=row, col=1)
     if has_lanes:
@@ -179,7 +180,7 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
         colors = part["name"].map(color_of) if kind in ("nvtx", "phase") else KIND_COLORS.get(str(kind), "#888")
         details = np.stack(
             [
-                part["name"].astype(str).str.slice(0, 200),
+                part["name"].astype(str).str.slice(0, 200).map(html.escape),
                 (ends[index] - starts[index]).map(format_duration),
                 starts[index].map(format_ns),
                 part["correlation_id"].astype(str),
@@ -220,7 +221,7 @@ def _add_busy_cells(
     share[rows_of, buckets] = np.maximum(lanes["busy_ns"].to_numpy() / width_ns, 0.04)  # instants stay visible
     details = np.full((len(order), count, 2), "", dtype=object)
     details[rows_of, buckets, 0] = lanes["events"].astype(str).to_numpy()
-    details[rows_of, buckets, 1] = lanes["top_name"].astype(str).str.slice(0, 120).to_numpy()
+    details[rows_of, buckets, 1] = lanes["top_name"].astype(str).str.slice(0, 120).map(html.escape).to_numpy()
     figure.add_trace(
         go.Heatmap(
             z=share,
@@ -248,7 +249,7 @@ def bars(frame: pd.DataFrame, label: str, value: str, title: str, top: int = 20)
     figure = go.Figure(
         go.Bar(
             x=shown[value],
-            y=shown[label].astype(str).str.slice(0, 80),
+            y=shown[label].astype(str).str.slice(0, 80).map(html.escape),
             orientation="h",
             marker={"color": [PALETTE[0] if v >= 0 else PALETTE[2] for v in shown[value]]},
             hovertemplate="%{y}<br>%{x:,}<extra></extra>",

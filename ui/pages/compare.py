@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.controls import run_label
-from ui.data import ask, stop_if_empty
+from ui.data import ask, plain, stop_if_empty
 from ui.tables import table
 
 SUMMARIES = ("kernels", "api", "memops")
@@ -30,7 +30,7 @@ def pick(column: st.delta_generator.DeltaGenerator, title: str, key: str, fallba
     wanted = params.get(key, "")
     index = choices.index(wanted if wanted in choices else fallback)
     if wanted and wanted not in choices:
-        column.warning(f"Run `{wanted}` is not in the store.")
+        column.warning(f"Run {plain(wanted)} is not in the store.")
     return str(
         column.selectbox(title, choices, index=index, format_func=lambda run: labels.get(run, run), key=f"pick-{key}")
     )
