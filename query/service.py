@@ -192,6 +192,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
             return query_pb2.LanesResponse()
         start = first if start is None else start
         end = last + 1 if end is None else end
+        if end <= start:  # the run's span and the window do not meet
+            return query_pb2.LanesResponse()
         width = -(-(end - start) // buckets)
         table = self.store.query(*lanes.lanes(where, start, end, width))
         return query_pb2.LanesResponse(

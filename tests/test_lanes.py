@@ -9,7 +9,10 @@ import grpc
 import pytest
 
 from query.client import Client, QueryFailed
-from tests.timeline_trace import HOST, MS, PID, US, Trace
+from tests.helpers import request
+from tests.timeline_trace import HOST, MS, PID, T0, US, Trace
+from tracehouse.batch import BatchBuilder
+from tracehouse.v1 import ingest_pb2_grpc
 
 Lane = tuple[str, str, int, int, int, int, int]
 
@@ -81,3 +84,12 @@ def test_lanes_refuse_bad_requests(client: Client, arguments: dict[str, Any], fi
     with pytest.raises(QueryFailed) as failure:
         client.lanes(**arguments)
     assert failure.value.code == grpc.StatusCode.INVALID_ARGUMENT and field in str(failure.value)
+
+
+def test_lanes_of_a_window_outside_its_runs_span_are_empty(client: Client, ingest: ingest_pb2_grpc.IngestStub) -> None:
+    builder = BatchBuilder("short-b", run_id="short", host=HOST)
+    builder.add_run("short", host=HOST, source="nsys", start=T0, end=T0 + MS)
+    builder.add_events("kernel", [T0 + 5 * MS], [T0 + 6 * MS], "late", gpu=0, stream=7, pid=PID, tid=1)
+    assert not ingest.Write(request(builder), timeout=30).duplicate
+    answer = client.lanes(run="short", start=T0 + 4 * MS, end=T0 + 7 * MS)
+    assert answer.empty and answer.attrs["events"] == 0

@@ -43,13 +43,20 @@ def start_ui(server: str, port: int, address: str = "127.0.0.1") -> subprocess.P
         if process.poll() is not None:
             raise RuntimeError(f"the UI exited at start (status {process.returncode}); is port {port} free?")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as answer:
+            with urllib.request.urlopen(f"http://{_reachable(address)}:{port}/_stcore/health", timeout=2) as answer:
                 if answer.status == 200:
                     return process
         except (urllib.error.URLError, OSError):
             time.sleep(0.3)
-    process.terminate()
+    stop_process(process)
     raise RuntimeError(f"the UI did not answer on port {port} within {UI_START_TIMEOUT_S:.0f} s")
+
+
+def _reachable(address: str) -> str:
+    """Where this machine reaches a server bound to `address`, as a URL host."""
+    if address in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return f"[{address}]" if ":" in address else address
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -102,7 +102,8 @@ def window_sidebar() -> Scope:
         host = st.text_input("Host", view.host, help="only this host's telemetry and events")
         if st.form_submit_button("Show", type="primary"):
             chosen = View(run=run, host=host.strip(), start=start.strip(), end=end.strip(), metrics=view.metrics)
-            if preset:
+            typed = (chosen.start or chosen.end) and (chosen.start, chosen.end) != (view.start, view.end)
+            if preset and not typed:  # times typed just now win over the preset still selected
                 chosen = chosen.with_preset(PRESETS[preset])
             show(chosen)
     if view.run and view.run not in labels:

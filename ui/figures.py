@@ -46,15 +46,16 @@ def color_of(name: str) -> str:
 
 
 def lane_label(lane: str, host: str, gpu: int, stream: int, pid: int, tid: int, depth: int, hosts: int) -> str:
-    where = f"{html.escape(host)} · " if hosts > 1 else ""
+    """Names every field of the lane that tells it apart (the host only where there are several)."""
+    parts = [html.escape(host)] if hosts > 1 else []
     if lane == "gpu":
-        return f"{where}GPU {gpu} · stream {stream}"
-    thread = f"pid {pid} · tid {tid}"
-    if lane in ("nvtx", "phase"):
-        return f"{where}{lane.upper() if lane == 'nvtx' else lane} · {thread}" + (f" · L{depth}" if depth else "")
-    if gpu >= 0:
-        return f"{where}{lane} · GPU {gpu} · {thread}"
-    return f"{where}{lane} · {thread}"
+        return " · ".join([*parts, f"GPU {gpu}", f"stream {stream}"])
+    parts.append("NVTX" if lane == "nvtx" else lane)
+    parts += [f"GPU {gpu}"] if gpu >= 0 else []
+    parts += [f"stream {stream}"] if stream >= 0 else []
+    parts += [f"pid {pid}", f"tid {tid}"]
+    parts += [f"L{depth}"] if depth else []
+    return " · ".join(parts)
 
 
 def lane_keys(events: pd.DataFrame) -> pd.DataFrame:
@@ -87,6 +88,11 @@ def _ordered_labels(keys: pd.DataFrame) -> tuple[list[str], pd.Series]:
         (lane, host, gpu, stream, pid, tid, depth): lane_label(lane, host, gpu, stream, pid, tid, depth, hosts)
         for lane, host, gpu, stream, pid, tid, depth in distinct[list(LANE_COLUMNS)].itertuples(index=False)
     }
+    seen: dict[str, int] = {}
+    for key, label in label_of.items():  # never two lanes on one row
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            label_of[key] = f"{label} ({seen[label]})"
     labels = pd.Series([label_of[tuple(k)] for k in keys[list(LANE_COLUMNS)].itertuples(index=False)], index=keys.index)
     return list(label_of.values()), labels
 
@@ -126,7 +132,7 @@ def timeline(
         for (host, gpu), part in series[series["metric"] == metric].groupby(["host", "gpu"], sort=True):
             name = html.escape(f"{host} GPU {gpu}" if int(str(gpu)) >= 0 else str(host))
             _add_series(figure, window, part, name, row, total_points)
-        figure.update_yaxes(title_text=metric, title_font={"size": 11}, row=row, col=1)
+        figure.update_yaxes(title_text=html.escape(metric), title_font={"size": 11}, row=row, col=1)
     if has_lanes:
         if events is not None:
             _add_events(figure, window, events, labels, rows)
@@ -217,22 +223,25 @@ def _add_busy_cells(
     count = int(buckets.max()) + 1
     position = {label: i for i, label in enumerate(order)}
     rows_of = labels.map(position).to_numpy()
-    share = np.full((len(order), count), np.nan)
-    share[rows_of, buckets] = np.maximum(lanes["busy_ns"].to_numpy() / width_ns, 0.04)  # instants stay visible
-    details = np.full((len(order), count, 2), "", dtype=object)
+    busy = lanes["busy_ns"].to_numpy() / width_ns
+    shade = np.full((len(order), count), np.nan)
+    shade[rows_of, buckets] = np.maximum(busy, 0.04)  # a bucket of instants stays visible
+    details = np.full((len(order), count, 3), "", dtype=object)
     details[rows_of, buckets, 0] = lanes["events"].astype(str).to_numpy()
     details[rows_of, buckets, 1] = lanes["top_name"].astype(str).str.slice(0, 120).map(html.escape).to_numpy()
+    details[rows_of, buckets, 2] = [f"{share:.0%}" for share in busy]
     figure.add_trace(
         go.Heatmap(
-            z=share,
-            x=window.seconds(start_ns + width_ns * np.arange(count) + width_ns // 2),
+            z=shade,
+            x0=float(window.seconds(np.array([start_ns + width_ns // 2]))[0]),
+            dx=width_ns / NS_PER_S,
             y=order,
             zmin=0,
             zmax=1,
             colorscale="Blues",
             showscale=False,
             customdata=details,
-            hovertemplate="%{y}<br>%{x:.6f} s<br>%{customdata[0]} events, busy %{z:.0%}"
+            hovertemplate="%{y}<br>%{x:.6f} s<br>%{customdata[0]} events, busy %{customdata[2]}"
             "<br>most time: %{customdata[1]}<extra></extra>",
         ),
         row=row,

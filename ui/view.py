@@ -16,6 +16,8 @@ PRESETS = {"last 5 min": "5m", "last 15 min": "15m", "last 1 h": "1h", "last 6 h
 DEFAULT_PRESET = "15m"
 DEFAULT_METRICS = ("gpu.util_pct",)
 NO_METRICS = "none"
+LAST_NS = 2**63 - 1  # int64 ns since the epoch: the store's range (1970 to 2262)
+MIN_WIDTH_NS = 1_000  # zooming stops at a microsecond
 
 
 class ViewError(ValueError):
@@ -84,9 +86,12 @@ class View:
         else:
             end = now_ns
             start = end - parse_duration(DEFAULT_PRESET)
+        for field, value in (("from", start), ("to", end)):
+            if not 0 <= value <= LAST_NS:
+                raise ViewError(f"{field}: {value} ns is outside 1970 to 2262, the times a store can hold")
         if end <= start:
             raise ViewError(f"window: 'to' ({format_ns(end)}) must come after 'from' ({format_ns(start)})")
-        return start, max(end, start + 1)
+        return start, end
 
 
 def _time(field: str, text: str, now_ns: int) -> int:
@@ -103,21 +108,30 @@ def _duration(field: str, text: str) -> int:
         raise ViewError(f"{field}: {error}") from None
 
 
+def inside(start_ns: int, end_ns: int) -> tuple[int, int]:
+    """The window at least MIN_WIDTH_NS wide and moved, whole, into [0, LAST_NS]: a relative-time
+    run starts at 0, and panning past either end keeps the width."""
+    width = min(max(end_ns - start_ns, MIN_WIDTH_NS), LAST_NS)
+    if end_ns - start_ns < width:
+        start_ns = (start_ns + end_ns) // 2 - width // 2
+    start_ns = min(max(start_ns, 0), LAST_NS - width)
+    return start_ns, start_ns + width
+
+
 def zoom(start_ns: int, end_ns: int, factor: float) -> tuple[int, int]:
     """The window scaled about its middle: factor 2 shows twice the time."""
     middle = (start_ns + end_ns) // 2
-    half = max(1, round((end_ns - start_ns) * factor / 2))
-    return middle - half, middle + half
+    half = round((end_ns - start_ns) * factor / 2)
+    return inside(middle - half, middle + half)
 
 
 def pan(start_ns: int, end_ns: int, share: float) -> tuple[int, int]:
     """The window moved by a share of its width (negative: earlier)."""
     shift = round((end_ns - start_ns) * share)
-    return start_ns + shift, end_ns + shift
+    return inside(start_ns + shift, end_ns + shift)
 
 
 def selected(start_ns: int, x0_s: float, x1_s: float) -> tuple[int, int]:
     """A box selection on the time axis (seconds from the window's start) as a window."""
     low, high = sorted((x0_s, x1_s))
-    begin = start_ns + round(low * NS_PER_S)
-    return begin, max(begin + 1, start_ns + round(high * NS_PER_S))
+    return inside(start_ns + round(low * NS_PER_S), start_ns + round(high * NS_PER_S))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -42,5 +44,6 @@ with query:
         y = st.selectbox("Chart: y", numeric, index=len(numeric) - 1)
         kind = st.radio("Chart", ["bar", "line"], horizontal=True)
         draw = px.bar if kind == "bar" else px.line
-        st.plotly_chart(draw(answer.head(5000), x=x, y=y), width="stretch")
+        labels = {x: html.escape(str(x)), y: html.escape(str(y))}
+        st.plotly_chart(draw(answer.head(5000), x=x, y=y, labels=labels), width="stretch")
     table(answer, "query_result", "rows")

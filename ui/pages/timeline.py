@@ -69,4 +69,6 @@ chosen = st.plotly_chart(
 boxes = chosen.selection.box if chosen else []
 if boxes:
     x0, x1 = boxes[0]["x"][:2]
-    show(view.with_window(*selected(scope.start_ns, x0, x1)))
+    chosen_window = selected(scope.start_ns, x0, x1)
+    if chosen_window != (scope.start_ns, scope.end_ns):  # the same window again would rerun forever
+        show(view.with_window(*chosen_window))
