@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from query.window import Predicates
 
-WORK_KINDS = "('kernel', 'memcpy', 'memset')"
+GPU_WORK = ("kernel", "memcpy", "memset")
+WORK_KINDS = "(" + ", ".join(f"'{kind}'" for kind in GPU_WORK) + ")"  # as SQL
 RANGE_KINDS = "('nvtx', 'phase')"
 NS = "toUnixTimestamp64Nano"
 PHASE_METRICS = {"sm_util": "gpu.util_pct", "mem_used": "gpu.mem_used_bytes", "power": "gpu.power_w"}

@@ -65,6 +65,16 @@ def telemetry_batches(run_id: str, rows: int, batch_rows: int, t0: int) -> list[
     return batches
 
 
+def _stamp(bench: str, *packages: str) -> dict[str, Any]:
+    """What every benchmark's JSON starts with: which one, when, and on what."""
+    machine: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    return {
+        "bench": bench,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine | {package: version(package) for package in packages},
+    }
+
+
 def _timed(function: Callable[[], None]) -> float:
     started = time.perf_counter()
     function()
@@ -148,14 +158,7 @@ def _run(
     grpc_rate = statistics.median(rates["grpc"])
     direct_rate = statistics.median(rates["direct"])
     return {
-        "bench": "ingest",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "chdb": version("chdb"),
-            "grpcio": version("grpcio"),
-        },
+        **_stamp("ingest", "chdb", "grpcio"),
         "rows_per_round": rows,
         "batch_rows": batch_rows,
         "rounds": rounds,
@@ -214,9 +217,7 @@ def bench_agent(gpus: int, interval: float, seconds: float) -> dict[str, Any]:
     baseline_cpu = time.process_time() - started
     share = report["cpu_seconds"] / report["seconds"]
     return {
-        "bench": "agent",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **_stamp("agent"),
         "gpus": gpus,
         "interval_s": interval,
         "seconds": report["seconds"],
@@ -299,9 +300,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
     scan_rate = scanned / scan_seconds
     import_rate = imported / import_seconds
     return {
-        "bench": "import",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **_stamp("import"),
         "file_bytes": file_bytes,
         "events": imported,
         "stored_events": stored,
@@ -460,9 +459,7 @@ def bench_query(kernels: int, ranges: int, samples: int) -> dict[str, Any]:
             store.close()
     slowest = max(seconds[question] for question in GOAL_QUESTIONS)
     return {
-        "bench": "query",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "chdb": version("chdb")},
+        **_stamp("query", "chdb"),
         "data": {**counts, "span_s": span / 1e9, "generated_in_s": round(generated, 1)},
         "seconds": seconds,
         "goal": {"seconds": GOAL_QUERY_SECONDS, "questions": GOAL_QUESTIONS, "met": slowest <= GOAL_QUERY_SECONDS},

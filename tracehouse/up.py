@@ -19,7 +19,7 @@ from tracehouse import config
 UI_START_TIMEOUT_S = 60.0
 
 
-def ui_command(server: str, port: int, address: str = "127.0.0.1") -> list[str]:
+def ui_command(port: int, address: str = "127.0.0.1") -> list[str]:
     import ui
 
     app = Path(ui.__file__).parent / "app.py"
@@ -31,13 +31,10 @@ def ui_command(server: str, port: int, address: str = "127.0.0.1") -> list[str]:
     ]  # fmt: skip
 
 
-def ui_environment(server: str) -> dict[str, str]:
-    return {**os.environ, config.ENV_SERVER: server}
-
-
 def start_ui(server: str, port: int, address: str = "127.0.0.1") -> subprocess.Popen[bytes]:
     """The UI in a process of its own, once it answers its health check."""
-    process = subprocess.Popen(ui_command(server, port, address), env=ui_environment(server), stdout=subprocess.DEVNULL)
+    environment = {**os.environ, config.ENV_SERVER: server}  # the app's Client reads it
+    process = subprocess.Popen(ui_command(port, address), env=environment, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + UI_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.data import server
+from tracehouse.config import default_server
 
 st.set_page_config(page_title="tracehouse", layout="wide")
-st.sidebar.caption(f"server `{server()}`")
+st.sidebar.caption(f"server `{default_server()}`")
 pages = [
     st.Page("pages/runs.py", title="Runs", default=True),
     st.Page("pages/timeline.py", title="Timeline"),

@@ -24,10 +24,6 @@ def plain(text: str, limit: int = 500) -> str:
     return MARKDOWN_SPECIALS.sub(r"\\\1", text[:limit])
 
 
-def server() -> str:
-    return default_server()
-
-
 @st.cache_resource(show_spinner=False)
 def _client(address: str) -> Client:
     return Client(address, timeout=120)
@@ -40,7 +36,7 @@ def _answer(address: str, method: str, args: tuple[Any, ...], options: tuple[tup
 
 def ask(method: str, *args: Any, **options: Any) -> Any:
     """A Client method's answer; on failure the page shows why and stops."""
-    address = server()
+    address = default_server()
     try:
         return _answer(address, method, args, tuple(sorted(options.items())))
     except QueryFailed as failure:
