@@ -19,6 +19,7 @@ from agent.schedule import run_fixed_rate
 from agent.shipper import Shipper
 from agent.spool import Spool
 from agent.stats import Stats
+from tracehouse.channel import ClientSecurity
 
 log = logging.getLogger("tracehouse.agent")
 
@@ -36,7 +37,7 @@ class AgentConfig:
     spool_max_bytes: int = 1 << 30
     run_name: str = ""
     host: str = ""
-    token: str | None = None
+    security: ClientSecurity | None = None  # bearer token, TLS
     shutdown_timeout: float = 10.0  # time to ship what is pending when stopping
     max_backoff: float = 30.0  # longest wait between tries while the server is away
     host_metrics: bool = True
@@ -65,7 +66,7 @@ class Agent:
             self.spool,
             on_stored=self._stored,
             on_dropped=self._dropped,
-            token=config.token,
+            security=config.security,
             max_backoff=config.max_backoff,
         )
         self.batcher = Batcher(self.run_id, self.host, self.shipper.submit, config.flush_values, config.flush_interval)

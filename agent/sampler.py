@@ -22,6 +22,10 @@ log = logging.getLogger("tracehouse.agent")
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 60.0
+# Readings are stamped to the millisecond, as Prometheus and DCGM's exporter stamp them: NVML
+# counters change every few ms at best (power) to every second (utilisation), and the ns of a
+# read's scheduling jitter would cost about 2 bytes per stored value.
+STAMP_NS = 1_000_000
 
 
 @dataclass
@@ -41,6 +45,15 @@ class Sampler:
     isolated: dict[int, _Isolated] = field(default_factory=dict)
     _processes: dict[tuple[int, int], str] = field(default_factory=dict)
     _garbage_seen: set[tuple[int, str]] = field(default_factory=set)
+    _stamped: dict[tuple[int, str], int] = field(default_factory=dict)
+
+    def _stamp(self, gpu: int, tick: str, wall: int | None = None) -> int:
+        """The reading's time to the ms, and after the last one of this GPU and tick: ticks
+        that run late and catch up within a ms still give each series one value per instant."""
+        stamp = (self.wall_ns() if wall is None else wall) // STAMP_NS * STAMP_NS
+        stamp = max(stamp, self._stamped.get((gpu, tick), -STAMP_NS) + STAMP_NS)
+        self._stamped[(gpu, tick)] = stamp
+        return stamp
 
     def active(self) -> list[int]:
         return [gpu for gpu in self.backend.indices() if gpu not in self.isolated]
@@ -72,7 +85,7 @@ class Sampler:
         if missed:
             self.stats.add(missed_ticks=missed)
         for gpu in self.active():
-            ts = self.wall_ns()
+            ts = self._stamp(gpu, "fast")
             try:
                 readings = self.backend.read_fast(gpu)
             except GpuLost as lost:
@@ -85,24 +98,26 @@ class Sampler:
     def slow_tick(self, missed: int = 0) -> None:
         self._retry_lost()
         seen: set[tuple[int, int]] = set()
+        host_names: dict[int, str] = {}  # processes whose host readings this tick has, once each
         for gpu in self.active():
             try:
-                ts = self.wall_ns()
+                ts = self._stamp(gpu, "slow")
                 self._record(ts, gpu, self.backend.read_slow(gpu))
                 for process in self.backend.processes(gpu):
                     seen.add((gpu, process.pid))
-                    self._process(ts, gpu, process)
+                    self._process(ts, gpu, process, host_names)
             except GpuLost as lost:
                 self._isolate(lost)
         self._processes_gone(seen)
-        ts = self.wall_ns()
-        readings = {m.AGENT_CLOCK_OFFSET: float(ts - int(self.monotonic() * 1e9))}
+        wall = self.wall_ns()
+        readings = {m.AGENT_CLOCK_OFFSET: float(wall - int(self.monotonic() * 1e9))}
+        ts = self._stamp(NO_GPU, "slow", wall)
         if self.host is not None:
             readings.update(self.host.read())
             self.host.forget({pid for _, pid in seen})
         self._record(ts, NO_GPU, readings)
 
-    def _process(self, ts: int, gpu: int, process: ProcessReading) -> None:
+    def _process(self, ts: int, gpu: int, process: ProcessReading, host_names: dict[int, str]) -> None:
         readings = {
             metric: value
             for metric, value in (
@@ -114,9 +129,10 @@ class Sampler:
         }
         name = process.name
         if self.host is not None:
-            host_name, host_readings = self.host.process(process.pid)
-            name = name or host_name
-            self._record(ts, NO_GPU, host_readings, process.pid)
+            if process.pid not in host_names:
+                host_names[process.pid], host_readings = self.host.process(process.pid)
+                self._record(ts, NO_GPU, host_readings, process.pid)
+            name = name or host_names[process.pid]
         self._record(ts, gpu, readings, process.pid)
         if (gpu, process.pid) not in self._processes:
             self._processes[(gpu, process.pid)] = name

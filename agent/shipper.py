@@ -2,7 +2,10 @@
 
 Order is kept: while the spool holds anything, new batches join it, and the shipper sends
 the oldest first. Only transient failures are retried (jittered exponential backoff that a
-shutdown interrupts); a batch the server refuses as malformed is dropped and counted.
+shutdown interrupts); a batch the server refuses as malformed is dropped and counted. A
+server whose store is behind answers RESOURCE_EXHAUSTED with a retry hint: the shipper
+spools and waits as long as it asks (plus jitter); a RESOURCE_EXHAUSTED without the hint,
+such as a message over gRPC's size limit, is no reason to try again.
 """
 
 from __future__ import annotations
@@ -18,21 +21,44 @@ from enum import Enum
 import grpc
 
 from agent.spool import EncodedBatch, Spool
+from ingest.admission import BEHIND, PUSHBACK_KEY
+from tracehouse.channel import ClientSecurity, open_channel
 from tracehouse.v1 import ingest_pb2
 
 log = logging.getLogger("tracehouse.agent.shipper")
 
 PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE}
+UNHINTED_PUSHBACK_S = 1.0  # a refusal that says the store is behind but lost its hint on the way
+BEHIND_LOG_S = 60.0  # under steady load pauses come and go every few seconds: say so once a minute
 
 
 class Outcome(Enum):
     STORED = "stored"
-    RETRY = "retry"
+    RETRY = "retry"  # the server is away
+    BUSY = "busy"  # the server's store is behind: it asked for a pause
     REFUSED = "refused"
 
 
+def pushback_seconds(error: grpc.RpcError) -> float | None:
+    """How long a RESOURCE_EXHAUSTED answer asks the writer to wait before trying again
+    (the server's `grpc-retry-pushback-ms` trailer); None when it is no request to retry
+    at all: another status, a negative hint (gRFC A6: do not retry), or no hint, as when
+    gRPC refuses a message over its size limit."""
+    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == PUSHBACK_KEY:
+            try:
+                milliseconds = int(value)
+            except (TypeError, ValueError):
+                break
+            return milliseconds / 1000 if milliseconds >= 0 else None
+    return UNHINTED_PUSHBACK_S if BEHIND in (error.details() or "") else None
+
+
 class Shipper:
-    """`on_stored(batch, values)` and `on_dropped(batch_id, values)` report every batch's fate."""
+    """`on_stored(batch, values)` and `on_dropped(batch_id, values)` report every batch's fate;
+    `on_write(seconds, outcome)`, when set, is told of every Write call and how long it took."""
 
     def __init__(
         self,
@@ -40,7 +66,7 @@ class Shipper:
         spool: Spool,
         on_stored: Callable[[str, int], None],
         on_dropped: Callable[[str, int], None],
-        token: str | None = None,
+        security: ClientSecurity | None = None,
         queue_batches: int = 16,
         call_timeout: float = 10.0,
         max_backoff: float = 30.0,
@@ -49,8 +75,8 @@ class Shipper:
         self.spool = spool
         self._on_stored = on_stored
         self._on_dropped = on_dropped
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._channel = grpc.insecure_channel(server, options=[("grpc.max_send_message_length", 256 << 20)])
+        self._metadata = security.metadata() if security else ()
+        self._channel = open_channel(server, security, [("grpc.max_send_message_length", 256 << 20)])
         self._write = self._channel.unary_unary(
             "/tracehouse.v1.Ingest/Write",
             request_serializer=None,  # batches travel already encoded
@@ -64,6 +90,11 @@ class Shipper:
         self._max_backoff = max_backoff
         self._backoff = 0.0
         self._connected = True
+        self._busy = False  # the server asked for a pause and has not stored a batch since
+        self._busy_said = -BEHIND_LOG_S
+        self.on_write: Callable[[float, Outcome], None] | None = None
+        self.busy_answers = 0  # RESOURCE_EXHAUSTED answers with a retry hint
+        self.spooled_batches = 0  # batches that went to the spool rather than straight out
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self._thread.start()
 
@@ -79,6 +110,7 @@ class Shipper:
     def _spool_queue(self) -> None:
         while self._queue:
             self.spool.put(self._queue.popleft())
+            self.spooled_batches += 1
 
     def pending(self) -> int:
         with self._changed:
@@ -109,12 +141,15 @@ class Shipper:
         if item is None:
             return False
         batch, spooled = item
-        outcome, detail = self._send(batch)
-        if outcome is Outcome.RETRY:
+        outcome, detail, pause = self._send(batch)
+        if outcome is Outcome.RETRY or outcome is Outcome.BUSY:
             if not spooled:
                 with self._changed:
                     self._spool_queue()
-            self._lost(detail)
+            if outcome is Outcome.BUSY:
+                self._behind(detail, pause)
+            else:
+                self._lost(detail)
             return True
         self._found()
         if spooled:
@@ -135,26 +170,54 @@ class Shipper:
             self._on_dropped(batch.batch_id, batch.values)
         return True
 
-    def _send(self, batch: EncodedBatch) -> tuple[Outcome, str]:
+    def _send(self, batch: EncodedBatch) -> tuple[Outcome, str, float]:
+        """The outcome, what the server said, and (BUSY) the pause it asked for in seconds."""
+        started = time.perf_counter()
+        outcome, detail, pause = Outcome.STORED, "", 0.0
         try:
             self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             code = error.code()
             detail = f"{code.name}: {error.details()}"
-            return (Outcome.REFUSED if code in PERMANENT else Outcome.RETRY), detail
-        return Outcome.STORED, ""
+            hint = pushback_seconds(error)
+            if hint is not None:
+                outcome, pause = Outcome.BUSY, hint
+            elif code in PERMANENT or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                outcome = Outcome.REFUSED
+            else:
+                outcome = Outcome.RETRY
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - started, outcome)
+        return outcome, detail, pause
 
     def _lost(self, detail: str) -> None:
         if self._connected:
             log.warning("server %s lost (%s): spooling to %s", self.server, detail, self.spool.folder)
             self._connected = False
+        self._busy = False
         base = min(self._max_backoff, max(0.25, self._backoff * 2))
         self._backoff = base * random.uniform(0.8, 1.2)
+
+    def _behind(self, detail: str, pause: float) -> None:
+        """The server is there but its store is behind: wait as long as it asks, and a little
+        more, so that agents told at the same moment do not all come back at once."""
+        self.busy_answers += 1
+        if not self._busy:
+            now = time.monotonic()
+            if now - self._busy_said >= BEHIND_LOG_S:
+                log.warning("server %s is behind (%s): spooling to %s, retrying as it asks (said once a minute)",
+                            self.server, detail, self.spool.folder)  # fmt: skip
+                self._busy_said = now
+            self._busy = True
+        self._backoff = min(self._max_backoff, max(0.01, pause)) * random.uniform(1.0, 1.5)
 
     def _found(self) -> None:
         if not self._connected:
             log.warning("server %s is back: replaying %d spooled batches", self.server, self.spool.batches)
             self._connected = True
+        if self._busy:
+            log.debug("server %s caught up: replaying %d spooled batches", self.server, self.spool.batches)
+            self._busy = False
         self._backoff = 0.0
 
     def shutdown(self, timeout: float) -> None:
@@ -167,14 +230,12 @@ class Shipper:
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + self._call_timeout)
         self._backoff = 0.0
         while time.monotonic() < deadline and self.pending():
-            if not self._connected:
-                # one try per half second while the server is away
-                if not self.ship_one():
-                    break
-                if not self._connected:
-                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-                continue
-            self.ship_one()
+            if not self.ship_one():
+                break
+            if self._backoff:
+                # one try per half second while the server is away; the pause it asks for while it is behind
+                pause = self._backoff if self._busy else 0.5
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         with self._changed:
             self._spool_queue()
         self._channel.close()

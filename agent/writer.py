@@ -1,5 +1,6 @@
 """Synchronous batch writes for one-shot jobs (imports): a few calls in flight, transient
-failures retried with backoff, and any failure that remains raised to the caller."""
+failures retried with backoff (as long as the server asks, when its store is behind), and
+any failure that remains raised to the caller."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
-from agent.shipper import PERMANENT
+from agent.shipper import PERMANENT, pushback_seconds
 from tracehouse.batch import encode_request
+from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, explain, open_channel
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 
@@ -24,10 +26,13 @@ class WriteFailed(Exception):
 
 
 class BatchWriter:
-    def __init__(self, server: str, token: str | None = None, concurrency: int = 2, patience: float = 60.0) -> None:
+    def __init__(
+        self, server: str, security: ClientSecurity | None = None, concurrency: int = 2, patience: float = 60.0
+    ) -> None:
         self.server = server
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._channel = grpc.insecure_channel(server, options=[("grpc.max_send_message_length", 256 << 20)])
+        self.security = security
+        self._metadata = security.metadata() if security else ()
+        self._channel = open_channel(server, security, [("grpc.max_send_message_length", 256 << 20)])
         self._write = self._channel.unary_unary(
             "/tracehouse.v1.Ingest/Write",
             request_serializer=None,  # encoded by the caller's thread, sent by the pool's
@@ -74,10 +79,14 @@ class BatchWriter:
                 return answer
             except grpc.RpcError as error:
                 code = error.code()
-                if code in PERMANENT or time.monotonic() + delay > deadline:
-                    raise WriteFailed(code, error.details() or "") from None
-            time.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 10.0)
+                asked = pushback_seconds(error)  # the store is behind: wait as long as the server asks
+                pause = delay * random.uniform(0.8, 1.2) if asked is None else asked * random.uniform(1.0, 1.5)
+                hopeless = code in PERMANENT or (asked is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED)
+                if hopeless or code in ACCESS_REFUSED or time.monotonic() + pause > deadline:
+                    raise WriteFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
+            time.sleep(pause)
+            if asked is None:
+                delay = min(delay * 2, 10.0)
 
     def close(self) -> None:
         for future in self._pending:

@@ -6,34 +6,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Window of recent inserts whose insert_deduplication_token ClickHouse remembers per table:
-# a retried insert of the same batch after a partial failure is stored once.
-DEDUP_WINDOW = 100_000
+from ingest.schema import Alter, Layout, Statement, Step, Table, View, render
 
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
-    statements: tuple[str, ...]
+    steps: tuple[Step, ...]
 
 
-LEDGER_TABLE = """
-CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+LEDGER = Table(
+    "schema_migrations",
+    """
     version UInt32,
     name String,
     applied DateTime64(9, 'UTC') DEFAULT now64(9)
-) ENGINE = MergeTree ORDER BY version
-COMMENT 'schema versions applied to this database'
-"""
+""",
+    "MergeTree",
+    order_by="version",
+    comment="schema versions applied to this database",
+    shard_key="version",
+    dedup=False,
+)
 
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        1,
-        "runs, devices, samples, events and the batch ledger",
-        (
-            f"""
-CREATE TABLE IF NOT EXISTS {{db}}.runs (
+RUNS = Table(
+    "runs",
+    """
     run_id String COMMENT 'stable id: derived from file content for imports',
     name String,
     host LowCardinality(String),
@@ -45,12 +44,17 @@ CREATE TABLE IF NOT EXISTS {{db}}.runs (
     attrs Map(String, String) COMMENT 'facts from the source: nsys version, command line, GPUs',
     importing Bool COMMENT 'an import under way: the run and its rows are left out of answers',
     updated DateTime64(9, 'UTC') COMMENT 'when this description arrived; the latest wins'
-) ENGINE = ReplacingMergeTree(updated) ORDER BY run_id
-SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
-COMMENT 'one row per run: an nsys import, an agent session, or a run the user declared'
 """,
-            f"""
-CREATE TABLE IF NOT EXISTS {{db}}.devices (
+    "ReplacingMergeTree",
+    version="updated",
+    order_by="run_id",
+    comment="one row per run: an nsys import, an agent session, or a run the user declared",
+    shard_key="cityHash64(run_id)",  # every version of a run on one shard, for FINAL
+)
+
+DEVICES = Table(
+    "devices",
+    """
     host LowCardinality(String),
     gpu Int16 COMMENT 'index on the host',
     uuid String,
@@ -62,12 +66,17 @@ CREATE TABLE IF NOT EXISTS {{db}}.devices (
     run_id String COMMENT 'the run that described the device, if any',
     attrs Map(String, String),
     updated DateTime64(9, 'UTC') COMMENT 'when this description arrived; the latest wins'
-) ENGINE = ReplacingMergeTree(updated) ORDER BY (host, gpu, uuid)
-SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
-COMMENT 'GPUs per host'
 """,
-            f"""
-CREATE TABLE IF NOT EXISTS {{db}}.samples (
+    "ReplacingMergeTree",
+    version="updated",
+    order_by="(host, gpu, uuid)",
+    comment="GPUs per host",
+    shard_key="cityHash64(host)",
+)
+
+SAMPLES = Table(
+    "samples",
+    """
     run_id LowCardinality(String) COMMENT 'agent session or import the sample came with',
     host LowCardinality(String),
     gpu Int16 COMMENT 'GPU index on the host; -1 for series not tied to one GPU',
@@ -75,14 +84,17 @@ CREATE TABLE IF NOT EXISTS {{db}}.samples (
     metric LowCardinality(String) COMMENT 'metric name; its unit is part of the name',
     ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'instant of the sample',
     value Float64 CODEC(Gorilla, ZSTD(1))
-) ENGINE = MergeTree
-PARTITION BY toYYYYMM(ts)
-ORDER BY (host, gpu, metric, ts)
-SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
-COMMENT 'counter series: NVML telemetry, nsys GPU metrics, training scalars'
 """,
-            f"""
-CREATE TABLE IF NOT EXISTS {{db}}.events (
+    "MergeTree",
+    partition_by="toYYYYMM(ts)",
+    order_by="(host, gpu, metric, ts)",
+    comment="counter series: NVML telemetry, nsys GPU metrics, training scalars",
+    time_column="ts",
+)
+
+EVENTS = Table(
+    "events",
+    """
     run_id LowCardinality(String),
     host LowCardinality(String),
     kind LowCardinality(String) COMMENT 'kernel, memcpy, memset, cuda_api, sync, nvtx, osrt, ...',
@@ -100,14 +112,17 @@ CREATE TABLE IF NOT EXISTS {{db}}.events (
     id UInt64 COMMENT 'unique per row, stable across re-sends of its batch',
     launch_start Nullable(DateTime64(9, 'UTC')) COMMENT 'GPU work: start of the API call that launched it',
     INDEX end_minmax end TYPE minmax GRANULARITY 1
-) ENGINE = MergeTree
-PARTITION BY toYYYYMM(start)
-ORDER BY (host, kind, start)
-SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
-COMMENT 'intervals and instants from traces'
 """,
-            """
-CREATE TABLE IF NOT EXISTS {db}.ingest_batches (
+    "MergeTree",
+    partition_by="toYYYYMM(start)",
+    order_by="(host, kind, start)",
+    comment="intervals and instants from traces",
+    time_column="start",
+)
+
+INGEST_BATCHES = Table(
+    "ingest_batches",
+    """
     batch_id String,
     digest String COMMENT 'hash of the batch content: a batch_id re-used for other content is refused',
     received DateTime64(9, 'UTC'),
@@ -115,12 +130,108 @@ CREATE TABLE IF NOT EXISTS {db}.ingest_batches (
     events UInt32,
     runs UInt32,
     devices UInt32
-) ENGINE = ReplacingMergeTree ORDER BY batch_id
-TTL toDateTime(received) + INTERVAL 90 DAY
-COMMENT 'every batch stored, so a batch written again is recognised (for 90 days)'
 """,
+    "ReplacingMergeTree",
+    order_by="batch_id",
+    ttl="toDateTime(received) + INTERVAL 90 DAY",
+    comment="every batch stored, so a batch written again is recognised (for 90 days)",
+    shard_key="cityHash64(batch_id)",
+    dedup=False,
+)
+
+# Rollups of `samples` per second and per minute. min/max/sum/count rather than avg, so
+# that any coarser bucket made of them has an exact average.
+ROLLUP_SECONDS = {"samples_1s": 1, "samples_1m": 60}
+
+
+def _rollup(name: str, seconds: int) -> tuple[Table, View]:
+    table = Table(
+        name,
+        f"""
+    run_id LowCardinality(String),
+    host LowCardinality(String),
+    gpu Int16,
+    pid UInt32,
+    metric LowCardinality(String),
+    ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'start of the {seconds} s the row sums up',
+    min SimpleAggregateFunction(min, Float64) CODEC(ZSTD(3)),
+    max SimpleAggregateFunction(max, Float64) CODEC(ZSTD(3)),
+    sum SimpleAggregateFunction(sum, Float64) CODEC(ZSTD(3)),
+    count SimpleAggregateFunction(sum, UInt64) CODEC(ZSTD(3))
+""",
+        "AggregatingMergeTree",
+        partition_by="toYYYYMM(ts)",
+        order_by="(host, gpu, metric, pid, run_id, ts)",
+        comment=f"samples rolled up per {seconds} s (filled by {name}_mv)",
+        time_column="ts",
+    )
+    view = View(f"{name}_mv", "samples", name, rollup_select("{source}", seconds))
+    return table, view
+
+
+def rollup_select(source: str, seconds: int) -> str:
+    ns = seconds * 1_000_000_000
+    return f"""
+SELECT run_id, host, gpu, pid, metric,
+       fromUnixTimestamp64Nano(intDiv(toUnixTimestamp64Nano(ts), {ns}) * {ns}, 'UTC') AS ts,
+       min(value) AS min, max(value) AS max, sum(value) AS sum, count() AS count
+FROM {source}
+GROUP BY run_id, host, gpu, pid, metric, ts
+"""
+
+
+ROLLUPS = {name: _rollup(name, seconds) for name, seconds in ROLLUP_SECONDS.items()}
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "runs, devices, samples, events and the batch ledger",
+        (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES),
+    ),
+    Migration(
+        2,
+        "samples rolled up per second and per minute; values compressed harder",
+        (
+            # telemetry values repeat in byte patterns that Gorilla's XOR hides from ZSTD:
+            # 1.14 bytes a value instead of 1.66 (tracehouse bench storage)
+            Alter("samples", "MODIFY COLUMN value CODEC(ZSTD(3))"),
+            # ids and times that climb row by row cost a byte or less as deltas: 16.9x
+            # compression of events instead of 7.9x
+            *(
+                Alter("events", f"MODIFY COLUMN {column} CODEC(Delta, ZSTD(1))")
+                for column in ("end", "launch_start", "correlation_id", "id")
+            ),
+            *(step for table, view in ROLLUPS.values() for step in (table, view)),
+            # samples stored before the views existed; emptied first, so a rerun adds nothing twice
+            *(
+                step
+                for name, seconds in ROLLUP_SECONDS.items()
+                for step in (
+                    Statement(f"TRUNCATE TABLE {{db}}.{name}", local_only=True),
+                    Statement(f"INSERT INTO {{db}}.{name} {rollup_select('{db}.samples', seconds)}", local_only=True),
+                )
+            ),
         ),
     ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
+
+TABLES_BY_NAME = {table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES)} | {
+    name: table for name, (table, _) in ROLLUPS.items()
+}
+# what `--retention NAME=DURATION` may name, and the tables each name stands for
+RETENTION_NAMES = {"samples": "samples", "events": "events", "rollups": ",".join(ROLLUP_SECONDS)} | {
+    name: name for name in ROLLUP_SECONDS
+}
+
+
+def script(layout: Layout) -> list[str]:
+    """Every statement that builds the latest schema on `layout`, and records it as applied:
+    what `tracehouse schema` prints for clickhouse-client --multiquery."""
+    statements = [f"CREATE DATABASE IF NOT EXISTS {layout.db}{layout.on_cluster()}", *render(LEDGER, layout)]
+    for migration in MIGRATIONS:
+        statements += [statement for step in migration.steps for statement in render(step, layout)]
+    versions = ", ".join(f"({m.version}, '{m.name}')" for m in MIGRATIONS)
+    statements.append(f"INSERT INTO {layout.db}.schema_migrations (version, name) VALUES {versions}")
+    return statements

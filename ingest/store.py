@@ -24,7 +24,8 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
-from ingest.migrations import LATEST_VERSION, LEDGER_TABLE, MIGRATIONS
+from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
+from ingest.schema import Layout, render, retention_ddl, ttl_expression
 from ingest.validate import ValidatedBatch
 from tracehouse.model import Limits
 
@@ -75,6 +76,12 @@ class StoreLocation:
     database: str
     display: str  # the URL without its password, for logs and messages
 
+    def client(self, settings: Mapping[str, Any] | None = None) -> Client:
+        """A new clickhouse-connect client. It takes no scheme from a DSN (https:// would go
+        out as plain HTTP, password and all, on any port but 443 and 8443): passed apart."""
+        interface = urlsplit(self.dsn).scheme if self.engine == "http" else None
+        return clickhouse_connect.get_client(dsn=self.dsn, interface=interface, settings=dict(settings or {}))
+
 
 @dataclass(frozen=True)
 class WriteResult:
@@ -96,7 +103,23 @@ def parse_store_url(url: str, database: str = "tracehouse") -> StoreLocation:
     name = unquote(parts.path.strip("/")) or database
     if not _DATABASE.fullmatch(name):
         raise ValueError(f"store URL {_redact(url)!r}: {name!r} is not a database name")
-    return StoreLocation("http", url, name, _redact(url))
+    # the store creates its database: a DSN's database goes with every request, and a
+    # server refuses one that does not exist yet
+    return StoreLocation("http", parts._replace(path="").geturl(), name, _redact(url))
+
+
+def with_password(url: str, password: str) -> str:
+    """The store URL with a password given apart from it (a file, the environment)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"store URL {_redact(url)!r}: a password goes with an http(s):// store")
+    if parts.password is not None:
+        raise ValueError(f"store URL {_redact(url)!r} has a password already: give it once")
+    if not password:
+        raise ValueError("the store password is empty")
+    user = quote(parts.username or "default", safe="")
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}").geturl()
 
 
 def _redact(url: str) -> str:
@@ -167,10 +190,19 @@ class _ClientPool:
 class Store:
     """Connects, migrates, writes batches exactly once, and runs queries."""
 
-    def __init__(self, location: StoreLocation, limits: Limits, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        location: StoreLocation,
+        limits: Limits,
+        pool_size: int = 4,
+        cluster: str = "",
+        shards_by: str = "host",
+        retention: Mapping[str, int] | None = None,
+    ) -> None:
         self.location = location
         self.limits = limits
-        self.db = f"`{location.database}`"
+        self.layout = Layout(location.database, cluster, shards_by, dict(retention or {}))
+        self.db = self.layout.db
         self._pool = _ClientPool(self._connect, pool_size)
         self._in_flight: set[str] = set()
         self._in_flight_changed = threading.Condition()
@@ -179,9 +211,9 @@ class Store:
         self._closed = False
 
     @classmethod
-    def open(cls, url: str, limits: Limits, database: str = "tracehouse") -> Store:
-        """Connect and migrate now; raises StoreUnavailable."""
-        store = cls(parse_store_url(url, database), limits)
+    def open(cls, url: str, limits: Limits, database: str = "tracehouse", **layout: Any) -> Store:
+        """Connect and migrate now; raises StoreUnavailable. `layout`: cluster, shards_by, retention."""
+        store = cls(parse_store_url(url, database), limits, **layout)
         try:
             store.ensure_ready()
         except BaseException:
@@ -203,8 +235,11 @@ class Store:
             raise StoreUnavailable("the store is closed")
         if self.location.engine == "chdb":
             Path(self.location.dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
+        if self.layout.cluster:
+            # IN and JOIN over Distributed tables read the right side once, on this node
+            settings = {"distributed_product_mode": "global", "distributed_foreground_insert": 1, **(settings or {})}
         try:
-            return clickhouse_connect.get_client(dsn=self.location.dsn, settings=dict(settings or {}))
+            return self.location.client(settings)
         except Exception as error:  # the drivers raise several unrelated types here
             hint = ""
             if self.location.engine == "chdb":
@@ -226,9 +261,11 @@ class Store:
 
     def migrate(self) -> int:
         """Apply every migration newer than the store's version; return the version."""
+        layout = self.layout
         with self._client() as client:
-            client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
-            client.command(LEDGER_TABLE.format(db=self.db))
+            client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}{layout.on_cluster()}")
+            for statement in render(LEDGER, layout):
+                client.command(statement)
             current = self._schema_version(client)
             if current > LATEST_VERSION:
                 raise StoreUnavailable(
@@ -239,14 +276,32 @@ class Store:
                 if migration.version <= current:
                     continue
                 log.info("applying migration %d: %s", migration.version, migration.name)
-                for statement in migration.statements:
-                    client.command(statement.format(db=self.db))
+                for step in migration.steps:
+                    for statement in render(step, layout):
+                        client.command(statement)
                 client.command(
                     f"INSERT INTO {self.db}.schema_migrations (version, name) VALUES "
                     "({version:UInt32}, {name:String})",
                     parameters={"version": migration.version, "name": migration.name},
                 )
+            self._apply_retention(client)
             return self._schema_version(client)
+
+    def _apply_retention(self, client: Client) -> None:
+        """Make each table's TTL what --retention says; tables it does not name keep theirs."""
+        for name, seconds in sorted(self.layout.retention.items()):
+            table = TABLES_BY_NAME[name]
+            found = client.query(
+                "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {name:String}",
+                parameters={"db": self.location.database, "name": self.layout.local_name(name)},
+            ).result_rows
+            engine = str(found[0][0]) if found else ""
+            wanted = ttl_expression(table, seconds) if seconds else ""
+            current = engine.partition(" TTL ")[2].partition(" SETTINGS ")[0]
+            if current == wanted:
+                continue
+            log.info("retention of %s: %s", name, f"{seconds} s" if seconds else "for good")
+            client.command(retention_ddl(table, self.layout, seconds))
 
     def schema_version(self) -> int:
         with self._client() as client:
@@ -278,7 +333,11 @@ class Store:
                     client.insert_arrow(
                         f"{self.db}.{table}",
                         data,
-                        settings={"insert_deduplication_token": f"{batch.batch_id}/{table}"},
+                        settings={
+                            "insert_deduplication_token": f"{batch.batch_id}/{table}",
+                            # the rollups of a retried insert are deduplicated with it
+                            "deduplicate_blocks_in_dependent_materialized_views": 1,
+                        },
                     )
             client.insert_arrow(
                 f"{self.db}.ingest_batches",
@@ -384,6 +443,12 @@ class Store:
     def close(self) -> None:
         self._closed = True
         self._pool.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def ipc_bytes(table: pa.Table) -> bytes:

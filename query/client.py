@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from query.lanes import LANE_COLUMNS
+from tracehouse.channel import ClientSecurity, explain, open_channel
 from tracehouse.config import default_server
 from tracehouse.timefmt import parse_time
 from tracehouse.v1 import query_pb2, query_pb2_grpc
@@ -107,10 +108,16 @@ class Client:
     """A connection to `tracehouse serve`. Window keywords on every method: run, host,
     gpu, start, end."""
 
-    def __init__(self, server: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, server: str | None = None, timeout: float = 60.0, security: ClientSecurity | None = None
+    ) -> None:
+        """`security`: token and TLS (tracehouse.channel.client_security() reads them from the
+        TRACEHOUSE_* variables); none, plain text without a token."""
         self.server = server or default_server()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.server, options=[("grpc.max_receive_message_length", 256 << 20)])
+        self.security = security
+        self._metadata = security.metadata() if security else ()
+        self._channel = open_channel(self.server, security, [("grpc.max_receive_message_length", 256 << 20)])
         self._stub = query_pb2_grpc.QueryStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -124,13 +131,10 @@ class Client:
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
+            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             code = error.code()
-            details = error.details() or ""
-            if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
-                details = f"no tracehouse server at {self.server} ({details}); start one with `tracehouse serve`"
-            raise QueryFailed(code, details) from None
+            raise QueryFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
 
     def runs(self, host: str = "", source: str = "", name_contains: str = "", limit: int = 0) -> pd.DataFrame:
         answer = self._call(

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from ingest.store import Store, ipc_bytes
 from query import analysis, lanes, sql
 from query.window import (
+    Predicates,
     QueryError,
     RunNotFound,
     RunSpan,
@@ -132,19 +133,18 @@ class QueryService(query_pb2_grpc.QueryServicer):
         max_points = _bounded(request.max_points, self.limits.default_points, self.limits.max_points, "max_points")
         window, run = self._scope(request.window)
         where = sample_predicates(window, run)
-        where.params["metrics"] = metric_names
+        selects = sample_predicates(window, run, times=False)
+        where.params["metrics"] = selects.params["metrics"] = metric_names
         start, end = bounds(window, run)
         if start is None or end is None or end - start > sql.MAX_SERIES_SPAN_NS:
-            # an open or absurdly wide window: the data's own span within it
-            text, params = sql.series_bounds(where)
-            first, last, count = _first_row(self.store.query(text, params))
-            if not count:
+            span = self._data_span(where, selects, start, end)
+            if span is None:
                 return query_pb2.SeriesResponse(bucket_ns=0)
-            start = first if start is None else max(start, first)
-            end = last + 1 if end is None else min(end, last + 1)
+            start = span[0] if start is None else max(start, span[0])
+            end = span[1] if end is None else min(end, span[1])
         width = sql.bucket_width(start, end, max_points)
         origin = start - start % width
-        text, params = sql.series(where, origin, width)
+        text, params = sql.series(where, origin, width, sql.rollup_for(start, end, width), selects)
         table = self.store.query(text, params)
         answer = query_pb2.SeriesResponse(bucket_ns=width)
         if table.num_rows == 0:
@@ -160,6 +160,20 @@ class QueryService(query_pb2_grpc.QueryServicer):
             series.max.extend(columns["max"][lo:hi].tolist())
             series.count.extend(columns["count"][lo:hi].tolist())
         return answer
+
+    def _data_span(
+        self, where: Predicates, selects: Predicates, start: int | None, end: int | None
+    ) -> tuple[int, int] | None:
+        """[first, last + 1) of the samples in an open window: found to the minute in the
+        coarsest rollup, then to the ns in the raw samples of those two minutes."""
+        first_row, last_row, count = _first_row(self.store.query(*sql.series_span(selects, start, end)))
+        if not count:
+            return None
+        first, last = _first_row(self.store.query(*sql.series_ends(where, first_row, last_row)))
+        # raw samples past their retention, with rollups kept longer: the rollup's span
+        return (first_row if first is None else first), (
+            last_row + sql.COARSEST_ROLLUP[1] if last is None else last + 1
+        )
 
     def Events(self, request: query_pb2.EventsRequest, context: Any) -> query_pb2.EventsResponse:
         window, run = self._scope(request.window)

@@ -49,27 +49,111 @@ def bucket_width(start: int, end: int, max_points: int) -> int:
     raise AssertionError("unreachable: widths grow without bound")
 
 
-def series_bounds(where: Predicates) -> tuple[str, dict[str, object]]:
+@dataclass(frozen=True)
+class Rollup:
+    """A rollup table of samples whose whole rows cover [from_ns, to_ns)."""
+
+    table: str
+    from_ns: int
+    to_ns: int
+
+
+# rollups of `samples`, coarsest first, by the span one row sums up (ingest.migrations)
+ROLLUPS = (("samples_1m", 60 * NS_PER_S), ("samples_1s", NS_PER_S))
+COARSEST_ROLLUP = ROLLUPS[0]
+
+
+def rollup_for(start: int, end: int, width: int) -> Rollup | None:
+    """The coarsest rollup whose rows each fall in one bucket of `width`, over the whole
+    rollup rows inside [start, end); None when no rollup helps."""
+    for table, span in ROLLUPS:
+        if width % span == 0:
+            first, last = -(-start // span) * span, end // span * span
+            if first < last:
+                return Rollup(table, first, last)
+            return None
+    return None
+
+
+_BUCKET = "{origin:Int64} + intDiv(toUnixTimestamp64Nano(ts) - {origin:Int64}, {width:Int64}) * {width:Int64}"
+
+
+def series_span(selects: Predicates, start: int | None, end: int | None) -> tuple[str, dict[str, object]]:
+    """Where the data of an open window lies, to the minute, from the coarsest rollup:
+    first and last row start and the number of samples. `selects` has no time predicates."""
+    table, span = COARSEST_ROLLUP
+    where = Predicates(list(selects.clauses), dict(selects.params))
+    if start is not None:
+        where.add(f"ts >= {ns('span_from')}", span_from=start - start % span)
+    if end is not None:
+        where.add(f"ts < {ns('span_to')}", span_to=end)
     sql = (
-        "SELECT toUnixTimestamp64Nano(min(ts)), toUnixTimestamp64Nano(max(ts)), count() "
-        f"FROM {{db}}.samples WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}"
+        "SELECT toUnixTimestamp64Nano(min(ts)), toUnixTimestamp64Nano(max(ts)), sum(count) "
+        f"FROM {{db}}.{table} WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}"
     )
     return sql, where.params
 
 
-def series(where: Predicates, origin: int, width: int) -> tuple[str, dict[str, object]]:
+def series_ends(where: Predicates, first_row: int, last_row: int) -> tuple[str, dict[str, object]]:
+    """The first and last sample, found inside the first and last rows of the coarsest rollup."""
+    span = COARSEST_ROLLUP[1]
     sql = f"""
-SELECT host, gpu, pid, metric,
-       {{origin:Int64}}
-           + intDiv(toUnixTimestamp64Nano(ts) - {{origin:Int64}}, {{width:Int64}}) * {{width:Int64}}
-           AS bucket_start,
+SELECT toUnixTimestamp64Nano(minIf(ts, ts < {ns("first_row_end")})),
+       toUnixTimestamp64Nano(maxIf(ts, ts >= {ns("last_row")}))
+FROM {{db}}.samples
+WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}
+  AND ((ts >= {ns("first_row")} AND ts < {ns("first_row_end")})
+       OR (ts >= {ns("last_row")} AND ts < {ns("last_row_end")}))
+"""
+    return sql, {
+        **where.params,
+        "first_row": first_row,
+        "first_row_end": first_row + span,
+        "last_row": last_row,
+        "last_row_end": last_row + span,
+    }
+
+
+def series(
+    where: Predicates, origin: int, width: int, rollup: Rollup | None = None, selects: Predicates | None = None
+) -> tuple[str, dict[str, object]]:
+    """min/avg/max/count per bucket. With a rollup, its rows cover the middle of the window
+    (`selects`: the window's predicates without times) and raw samples only its edges."""
+    keys = "host, gpu, pid, metric"
+    if rollup is None or selects is None:
+        sql = f"""
+SELECT {keys}, {_BUCKET} AS bucket_start,
        min(value) AS min, avg(value) AS avg, max(value) AS max, count() AS count
 FROM {{db}}.samples
 WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}
-GROUP BY host, gpu, pid, metric, bucket_start
-ORDER BY host, gpu, pid, metric, bucket_start
+GROUP BY {keys}, bucket_start
+ORDER BY {keys}, bucket_start
 """
-    return sql, {**where.params, "origin": origin, "width": width}
+        return sql, {**where.params, "origin": origin, "width": width}
+    middle = f"ts >= {ns('rollup_from')} AND ts < {ns('rollup_to')}"
+    sql = f"""
+SELECT {keys}, bucket_start,
+       min(lo) AS min, sum(total) / sum(n) AS avg, max(hi) AS max, sum(n) AS count
+FROM (
+    SELECT {keys}, {_BUCKET} AS bucket_start, min AS lo, max AS hi, sum AS total, count AS n
+    FROM {{db}}.{rollup.table}
+    WHERE metric IN {{metrics:Array(String)}} AND {selects.sql()} AND {middle}
+    UNION ALL
+    SELECT {keys}, {_BUCKET} AS bucket_start, value AS lo, value AS hi, value AS total, toUInt64(1) AS n
+    FROM {{db}}.samples
+    WHERE metric IN {{metrics:Array(String)}} AND {where.sql()} AND NOT ({middle})
+)
+GROUP BY {keys}, bucket_start
+ORDER BY {keys}, bucket_start
+"""
+    return sql, {
+        **selects.params,
+        **where.params,
+        "origin": origin,
+        "width": width,
+        "rollup_from": rollup.from_ns,
+        "rollup_to": rollup.to_ns,
+    }
 
 
 def metrics(where: Predicates, limit: int) -> tuple[str, dict[str, object]]:

@@ -100,8 +100,9 @@ def bounds(window: Window, run: RunSpan | None) -> tuple[int | None, int | None]
     return start, end
 
 
-def sample_predicates(window: Window, run: RunSpan | None) -> Predicates:
-    """Samples in the window: a run's own samples, and its host's telemetry during the run."""
+def sample_predicates(window: Window, run: RunSpan | None, times: bool = True) -> Predicates:
+    """Samples in the window: a run's own samples, and its host's telemetry during the run.
+    Without `times`, only the series it selects: which host, GPU and run."""
     where = Predicates()
     if run is not None:
         if run.relative_time:
@@ -109,6 +110,8 @@ def sample_predicates(window: Window, run: RunSpan | None) -> Predicates:
         else:
             where.add("host = {run_host:String}", run_host=run.host)
     _common(window, where)
+    if not times:
+        return where
     start, end = bounds(window, run)
     if start is not None:
         where.add(f"ts >= {ns('from_ns')}", from_ns=start)

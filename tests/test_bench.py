@@ -37,3 +37,17 @@ def test_bench_query_builds_the_run_it_asks_about() -> None:
         "nvtx_gpu", "phases"
     }  # fmt: skip
     assert all(seconds > 0 for seconds in result["seconds"].values())
+
+
+def test_bench_storage_measures_what_it_stored() -> None:
+    from tracehouse.bench_storage import bench_storage
+
+    result = bench_storage(gpus=2, minutes=1.0, interval=0.1, steps=40)
+    samples, events = result["samples"], result["events"]
+    assert samples["rows"] == result["telemetry"]["values"] > 2 * 600 * 13  # 13 fast metrics per GPU tick
+    assert samples["on_disk"] >= samples["compressed"] > 0
+    assert samples["bytes_per_value"] == pytest.approx(samples["on_disk"] / samples["rows"], rel=1e-2)
+    assert events["rows"] >= events["imported"] > 40 * 20
+    assert events["compression"] == pytest.approx(events["uncompressed"] / events["compressed"], rel=1e-2)
+    summed = result["rollups"]["samples_1m"]["rows"]
+    assert 0 < summed < result["rollups"]["samples_1s"]["rows"] < samples["rows"]

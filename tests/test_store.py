@@ -32,7 +32,7 @@ def test_migrations_apply_once_and_rerun_safely(tmp_path: Path) -> None:
     try:
         assert first.schema_version() == LATEST_VERSION
         assert first.migrate() == LATEST_VERSION  # again: nothing to do, nothing breaks
-        applied = first.query("SELECT version FROM {db}.schema_migrations").column("version").to_pylist()
+        applied = first.query("SELECT version FROM {db}.schema_migrations ORDER BY version")["version"].to_pylist()
         assert applied == list(range(1, LATEST_VERSION + 1))
         tables = set(first.query("SELECT name FROM system.tables WHERE database = 'tracehouse'")["name"].to_pylist())
         assert {"runs", "devices", "samples", "events", "ingest_batches", "schema_migrations"} <= tables

@@ -7,11 +7,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracehouse import __version__, config
 from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, RUN_SOURCES
 from tracehouse.timefmt import parse_time
+
+if TYPE_CHECKING:
+    from tracehouse.channel import ClientSecurity
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -39,6 +42,15 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def _tick(text: str) -> float:
+    value = _seconds(text)
+    if value < 0.001:
+        raise argparse.ArgumentTypeError(
+            f"{text} s: readings are stamped to the millisecond; sample at most every 0.001 s"
+        )
     return value
 
 
@@ -88,6 +100,80 @@ def _add_server_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_client_security(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (TLS is on with --tls-ca)")
+    group.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"file holding a bearer token for the server (default ${config.ENV_TOKEN_FILE})",
+    )
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=None,
+        metavar="PEM",
+        help=f"use TLS, trusting server certificates this CA signed (default ${config.ENV_TLS_CA})",
+    )
+    group.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="PEM",
+        help=f"this client's certificate, for a server that wants one (default ${config.ENV_TLS_CERT})",
+    )
+    group.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
+                       help=f"the private key of --tls-cert (default ${config.ENV_TLS_KEY})")  # fmt: skip
+
+
+def _add_server_security(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security")
+    group.add_argument(
+        "--tokens",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer tokens, a 'SCOPE TOKEN' line each (SCOPE read, write or admin; see "
+        "`tracehouse token`); required to listen beyond loopback",
+    )
+    group.add_argument("--tls-cert", type=Path, default=None, metavar="PEM", help="serve TLS with this certificate")
+    group.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the private key of --tls-cert")
+    group.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
+                       help="require client certificates signed by this CA (mTLS)")  # fmt: skip
+
+
+def _add_layout(parser: argparse.ArgumentParser) -> None:
+    from ingest.migrations import RETENTION_NAMES
+
+    group = parser.add_argument_group("schema layout")
+    group.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="a ClickHouse cluster: Replicated tables on each node, Distributed tables over them",
+    )
+    group.add_argument(
+        "--shards-by",
+        choices=("host", "run_id"),
+        default="host",
+        help="what spreads samples and events over shards (default %(default)s)",
+    )
+    group.add_argument(
+        "--retention",
+        action="append",
+        default=[],
+        metavar="TABLE=DURATION",
+        help=f"keep rows this long, e.g. samples=30d, rollups=1y, events=forever; TABLE: {', '.join(RETENTION_NAMES)}",
+    )
+
+
+def _add_schema(commands: Any) -> None:
+    schema = commands.add_parser("schema", help="print the DDL of the store's tables, for clickhouse-client")
+    schema.add_argument("--database", default="tracehouse", help="(default %(default)s)")
+    _add_layout(schema)
+
+
 def _add_serve(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the Ingest and Query services")
     serve.add_argument("--listen", default=config.DEFAULT_LISTEN, help="host:port (default %(default)s)")
@@ -96,14 +182,34 @@ def _add_serve(commands: Any) -> None:
         default=None,
         help="chdb://PATH (embedded, the default: $TRACEHOUSE_HOME/store) or http(s)://user:password@host:port/db",
     )
+    serve.add_argument(
+        "--store-password-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"the ClickHouse password for an http(s) store (or ${config.ENV_STORE_PASSWORD})",
+    )
     serve.add_argument("--grace", type=float, default=30.0, help="seconds calls in flight get to finish on stop")
+    _add_layout(serve)
     up = commands.add_parser("up", help="run everything on this machine with the embedded store")
     up.add_argument("--listen", default=config.DEFAULT_LISTEN, help="host:port (default %(default)s)")
     up.add_argument("--ui-port", type=_port, default=8501, help="port of the UI on 127.0.0.1 (default %(default)s)")
     up.add_argument("--no-ui", action="store_true", help="run the server and the agent only")
     up.add_argument("--demo", action="store_true", help="also import two generated Nsight-style runs")
+    for parser in (serve, up):
+        parser.add_argument(
+            "--max-pending-bytes",
+            type=_size,
+            default="256M",  # ingest.admission.DEFAULT_MAX_PENDING_BYTES
+            metavar="SIZE",
+            help="bytes of writes accepted but not yet stored; past it writers are told to retry later "
+            "(default %(default)s)",
+        )
+    for parser in (serve, up):
+        _add_server_security(parser)
     ui = commands.add_parser("ui", help="run the Streamlit explorer against a server")
     _add_server_option(ui)
+    _add_client_security(ui)
     ui.add_argument("--port", type=_port, default=8501, help="port to serve the UI on (default %(default)s)")
     ui.add_argument("--address", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
 
@@ -111,10 +217,10 @@ def _add_serve(commands: Any) -> None:
 def _add_agent(commands: Any) -> None:
     agent = commands.add_parser("agent", help="sample GPUs and ship the samples to tracehouse serve")
     _add_server_option(agent)
-    agent.add_argument("--interval", type=_seconds, default=0.1, help="seconds between samples (default %(default)s)")
+    agent.add_argument("--interval", type=_tick, default=0.1, help="seconds between samples (default %(default)s)")
     agent.add_argument(
         "--slow-interval",
-        type=_seconds,
+        type=_tick,
         default=1.0,
         help="seconds between slow readings: PCIe, GPM, processes, host (default %(default)s)",
     )
@@ -141,7 +247,7 @@ def _add_agent(commands: Any) -> None:
         help="seconds a batch stays open (default %(default)s)",
     )
     agent.add_argument("--duration", type=_seconds, default=None, metavar="S", help="stop after S seconds")
-    agent.add_argument("--token-file", type=Path, default=None, help="file holding a bearer token for the server")
+    _add_client_security(agent)
     agent.add_argument("--no-host-metrics", action="store_true", help="do not sample host CPU and memory")
     agent.add_argument(
         "--watch",
@@ -168,7 +274,7 @@ def _add_import(commands: Any) -> None:
     imports.add_argument(
         "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several"
     )
-    imports.add_argument("--token-file", type=Path, default=None, help="file holding a bearer token for the server")
+    _add_client_security(imports)
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +302,7 @@ def _add_query(commands: Any) -> None:
     query = commands.add_parser("query", help="ask the Query service")
     common = argparse.ArgumentParser(add_help=False)
     _add_server_option(common)
+    _add_client_security(common)
     common.add_argument("--format", choices=("table", "json", "csv"), default="table")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default %(default)s)")
     sub = query.add_subparsers(dest="what", required=True, metavar="WHAT")
@@ -295,6 +402,32 @@ def _add_bench(commands: Any) -> None:
     agent.add_argument("--gpus", type=_positive, default=8)
     agent.add_argument("--interval", type=_seconds, default=0.1)
     agent.add_argument("--seconds", type=_seconds, default=30.0)
+    storage = sub.add_parser("storage", help="bytes on disk per sample value and per event vs Parquet")
+    storage.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs (default %(default)s)")
+    storage.add_argument("--minutes", type=_seconds, default=60.0, help="of telemetry at 10 Hz (default %(default)s)")
+    storage.add_argument("--steps", type=_positive, default=10_000, help="training steps of the synthetic trace")
+    load = sub.add_parser("load", help="many simulated agents against one server: values/s, write latency, memory")
+    load.add_argument("--agents", type=_positive, default=32)
+    load.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs per agent")
+    load.add_argument("--interval", type=_seconds, default=0.1)
+    load.add_argument("--seconds", type=_seconds, default=60.0, help="how long the agents sample")
+    load.add_argument(
+        "--max-pending-bytes",
+        type=_size,
+        default="256M",
+        metavar="SIZE",
+        help="the server's bound (default %(default)s)",
+    )
+
+
+def _add_token(commands: Any) -> None:
+    token = commands.add_parser("token", help="print a fresh 'SCOPE TOKEN' line to append to a --tokens file")
+    token.add_argument(
+        "--scope",
+        choices=("read", "write", "admin"),
+        default="read",
+        help="read: queries (UI, CLI); write: agents and imports; admin: both (default %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(commands)
     _add_query(commands)
     _add_bench(commands)
+    _add_token(commands)
+    _add_schema(commands)
     return parser
 
 
@@ -325,7 +460,7 @@ def run_query(args: argparse.Namespace) -> int:
     from query.client import Client, QueryFailed
     from tracehouse.output import render, render_many
 
-    client = Client(args.server, timeout=args.timeout)
+    client = Client(args.server, timeout=args.timeout, security=_client_security(args))
     frame: pd.DataFrame | dict[str, pd.DataFrame]
     try:
         if args.what == "runs":
@@ -370,16 +505,17 @@ def run_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
+def _client_security(args: argparse.Namespace) -> ClientSecurity:
+    """--token-file, --tls-ca, --tls-cert, --tls-key, else their TRACEHOUSE_* variables;
+    a file that cannot be used ends the command (status 2) naming the option."""
+    from tracehouse.channel import client_security
+    from tracehouse.security import SecurityError
+
     try:
-        token = path.read_text().strip()
-    except OSError as error:
-        raise SystemExit(f"tracehouse: cannot read --token-file {path}: {error.strerror}") from None
-    if not token:
-        raise SystemExit(f"tracehouse: --token-file {path} is empty")
-    return token
+        return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+    except SecurityError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -399,7 +535,7 @@ def run_agent(args: argparse.Namespace) -> int:
         spool_max_bytes=args.spool_max_bytes,
         run_name=args.run,
         host=args.host,
-        token=_read_token(args.token_file),
+        security=_client_security(args),
         host_metrics=not args.no_host_metrics,
         watch=args.watch,
     )
@@ -426,7 +562,7 @@ def run_import(args: argparse.Namespace) -> int:
     from agent.nsys import NsysError
     from agent.writer import BatchWriter, WriteFailed
 
-    writer = BatchWriter(args.server or config.default_server(), _read_token(args.token_file))
+    writer = BatchWriter(args.server or config.default_server(), _client_security(args))
     status = 0
     try:
         for path in args.files:
@@ -475,14 +611,63 @@ class _Progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
+def _store_url(args: argparse.Namespace) -> str:
+    """--store (or the environment's), with a password from a file or the environment."""
+    import os
+
+    from ingest.store import with_password
+
+    url = getattr(args, "store", None) or config.default_store_url()
+    path = getattr(args, "store_password_file", None)
+    if path is not None:
+        try:
+            return with_password(url, path.read_text().rstrip("\r\n"))
+        except OSError as error:
+            raise ValueError(f"--store-password-file {path}: {error.strerror}") from None
+    password = os.environ.get(config.ENV_STORE_PASSWORD)
+    return with_password(url, password) if password and not url.startswith("chdb://") else url
+
+
+def _layout(args: argparse.Namespace) -> dict[str, Any]:
+    from ingest.migrations import RETENTION_NAMES
+    from ingest.schema import parse_retention
+
+    retention = parse_retention(args.retention, RETENTION_NAMES)
+    return {"cluster": args.cluster, "shards_by": args.shards_by, "retention": retention}
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    from ingest.migrations import script
+    from ingest.schema import Layout
+
+    try:
+        layout = Layout(args.database, **_layout(args))
+    except ValueError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"-- tracehouse {__version__} schema; run with: clickhouse-client --multiquery < this-file")
+    for statement in script(layout):
+        print(f"{statement.strip()};\n")
+    return 0
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from ingest.store import StoreUnavailable
+    from tracehouse.security import SecurityError, load_server_security
     from tracehouse.serve import serve
     from tracehouse.up import Up
 
-    store = getattr(args, "store", None) or config.default_store_url()
+    try:
+        store = _store_url(args)
+        layout = _layout(args) if args.command == "serve" else {}
+    except ValueError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_USAGE
     up = Up(None if args.no_ui else args.ui_port, args.demo) if args.command == "up" else None
     try:
+        security = load_server_security(args.tokens, args.tls_cert, args.tls_key, args.tls_client_ca)
+        if up is not None:
+            security = up.secure(security)
         return serve(
             store,
             args.listen,
@@ -490,7 +675,13 @@ def run_serve(args: argparse.Namespace) -> int:
             getattr(args, "grace", 30.0),
             on_ready=up.start if up else None,
             on_stop=up.stop if up else None,
+            max_pending_bytes=args.max_pending_bytes,
+            security=security,
+            layout=layout,
         )
+    except SecurityError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (StoreUnavailable, OSError, ValueError, RuntimeError) as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -507,7 +698,7 @@ def run_ui(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        process = start_ui(server, args.port, args.address)
+        process = start_ui(server, args.port, args.address, _client_security(args))
     except RuntimeError as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -533,10 +724,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_serve(args)
     if args.command == "ui":
         return run_ui(args)
+    if args.command == "token":
+        from tracehouse.security import new_token_line
+
+        print(new_token_line(args.scope))
+        return 0
     if args.command == "agent":
         return run_agent(args)
     if args.command == "import":
         return run_import(args)
+    if args.command == "schema":
+        return run_schema(args)
     if args.command == "bench":
         from tracehouse import bench
 

@@ -11,6 +11,12 @@ from pathlib import Path
 ENV_HOME = "TRACEHOUSE_HOME"  # folder for the embedded store and the agent's spool
 ENV_SERVER = "TRACEHOUSE_SERVER"  # address of `tracehouse serve` for clients
 ENV_STORE = "TRACEHOUSE_STORE"  # store URL for `tracehouse serve`
+ENV_STORE_PASSWORD = "TRACEHOUSE_STORE_PASSWORD"  # the ClickHouse password, kept out of the URL
+# clients' credentials (tracehouse.channel.client_security): files, like their options
+ENV_TOKEN_FILE = "TRACEHOUSE_TOKEN_FILE"  # a bearer token (--token-file)
+ENV_TLS_CA = "TRACEHOUSE_TLS_CA"  # PEM CA that the server's certificate chains to; turns TLS on (--tls-ca)
+ENV_TLS_CERT = "TRACEHOUSE_TLS_CERT"  # PEM client certificate for mTLS (--tls-cert)
+ENV_TLS_KEY = "TRACEHOUSE_TLS_KEY"  # its PEM private key (--tls-key)
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_SERVER = "127.0.0.1:50051"

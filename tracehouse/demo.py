@@ -16,6 +16,7 @@ from agent.nsys_synthetic import Spec, write_export
 from agent.simulated import SimulatedBackend
 from agent.writer import BatchWriter
 from tracehouse.batch import BatchBuilder
+from tracehouse.channel import ClientSecurity
 from tracehouse.timefmt import NS_PER_S
 from tracehouse.v1 import batch_pb2
 
@@ -29,9 +30,11 @@ RUN_SPAN_S = 45
 TELEMETRY_HZ = 10
 
 
-def load_demo(server: str, host: str, now_ns: int, gpus: int = 2) -> list[ImportResult]:
+def load_demo(
+    server: str, host: str, now_ns: int, gpus: int = 2, security: ClientSecurity | None = None
+) -> list[ImportResult]:
     """Import the demo runs ending before `now_ns`, and telemetry from their start to now."""
-    writer = BatchWriter(server)
+    writer = BatchWriter(server, security)
     results = []
     try:
         with tempfile.TemporaryDirectory(prefix="tracehouse-demo-") as folder:

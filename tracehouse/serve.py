@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +17,14 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
 from ingest.service import IngestService
 from ingest.store import BatchConflict, SqlRejected, Store, StoreError, StoreUnavailable, parse_store_url
 from ingest.validate import BatchError
 from query.service import QueryService
 from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
+from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure
 from tracehouse.v1 import ingest_pb2, query_pb2
 
 log = logging.getLogger("tracehouse.serve")
@@ -51,6 +53,8 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
         return SQL_REJECTION_CODES[error.reason], str(error)
     if isinstance(error, StoreUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(error)
+    if isinstance(error, Overloaded):  # the retry hint rides in a trailer the service set
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, StoreError):
         return grpc.StatusCode.INTERNAL, str(error)
     log.exception("unexpected error", exc_info=error)
@@ -104,6 +108,7 @@ class Server:
     grpc_server: grpc.Server
     port: int
     health: health.HealthServicer
+    local_port: int | None = None  # plain text on 127.0.0.1, when ServerSecurity.local_plain_port
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -116,17 +121,27 @@ class Server:
         self.grpc_server.stop(grace).wait()
 
 
-def create_server(store: Store, listen: str, limits: Limits, workers: int = 16) -> Server:
+def create_server(
+    store: Store,
+    listen: str,
+    limits: Limits,
+    workers: int = 16,
+    *,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    security: ServerSecurity | None = None,
+) -> Server:
     """Build and start the server on `listen` (host:port; port 0 picks one)."""
+    security = security or ServerSecurity()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+        interceptors=[TokenInterceptor(security.tokens)] if security.tokens is not None else None,
         options=[
             ("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES),
             ("grpc.max_send_message_length", TRANSPORT_MAX_BYTES),
             ("grpc.so_reuseport", 0),
         ],
     )
-    add_service(server, INGEST, IngestService(store), limits.max_batch_bytes)
+    add_service(server, INGEST, IngestService(store, Admission(max_pending_bytes)), limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -134,11 +149,15 @@ def create_server(store: Store, listen: str, limits: Limits, workers: int = 16) 
         (INGEST.full_name, QUERY.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        port = server.add_insecure_port(listen)
+        if security.tls is not None:
+            port = server.add_secure_port(listen, security.tls.credentials())
+        else:
+            port = server.add_insecure_port(listen)
+        local_port = server.add_insecure_port("127.0.0.1:0") if security.local_plain_port else None
     except RuntimeError as error:
         raise OSError(f"cannot listen on {listen}: {error}") from error
     server.start()
-    running = Server(server, port, health_servicer)
+    running = Server(server, port, health_servicer, local_port)
     running.set_serving(True)
     return running
 
@@ -146,6 +165,13 @@ def create_server(store: Store, listen: str, limits: Limits, workers: int = 16) 
 def is_loopback(listen: str) -> bool:
     host = listen.rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def describe(security: ServerSecurity) -> str:
+    tls = security.tls
+    transport = "plain text" if tls is None else "TLS with client certificates" if tls.client_ca else "TLS"
+    tokens = f"{len(security.tokens)} tokens" if security.tokens is not None else "no tokens"
+    return f"{transport}, {tokens}"
 
 
 def _wait_for_store(store: Store, server: Server, stop: threading.Event) -> None:
@@ -169,16 +195,23 @@ def serve(
     grace: float = 30.0,
     on_ready: Callable[[str], None] | None = None,
     on_stop: Callable[[], None] | None = None,
+    *,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    security: ServerSecurity | None = None,
+    layout: Mapping[str, Any] | None = None,
 ) -> int:
     """Run until SIGINT or SIGTERM; then finish the calls in flight and close the store.
 
     An embedded store that cannot be opened is fatal. A ClickHouse server that cannot be
     reached is not: the health check says NOT_SERVING and calls get UNAVAILABLE until it is.
+    Listening beyond loopback without tokens is refused (SecurityError).
     """
+    security = security or ServerSecurity()
+    check_exposure(listen, security, is_loopback(listen))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    store = Store(parse_store_url(store_url), limits)
+    store = Store(parse_store_url(store_url), limits, **(layout or {}))
     try:
         ready = True
         try:
@@ -188,17 +221,18 @@ def serve(
                 raise
             log.warning("%s: answering UNAVAILABLE until it is reachable", error)
             ready = False
-        server = create_server(store, listen, limits)
+        server = create_server(store, listen, limits, max_pending_bytes=max_pending_bytes, security=security)
         server.set_serving(ready)
         if not ready:
             threading.Thread(target=_wait_for_store, args=(store, server, stop), daemon=True).start()
         host = listen.rsplit(":", 1)[0]
-        if not is_loopback(listen):
-            log.warning("listening on %s without authentication: anyone who can reach it can read and write", host)
-        log.info("tracehouse serve: listening on %s:%d, store %s", host, server.port, store.location.display)
+        log.info(
+            "tracehouse serve: listening on %s:%d (%s), store %s",
+            host, server.port, describe(security), store.location.display,
+        )  # fmt: skip
         if on_ready is not None:
             try:
-                on_ready(f"{host}:{server.port}")
+                on_ready(f"127.0.0.1:{server.local_port}" if server.local_port else f"{host}:{server.port}")
             except BaseException:
                 if on_stop is not None:
                     on_stop()

@@ -4,17 +4,23 @@ Streamlit in a process of its own; `--demo` imports two generated runs first."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tracehouse import config
+from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
+from tracehouse.security import TOKEN_BYTES, ServerSecurity
 
 UI_START_TIMEOUT_S = 60.0
 
@@ -31,10 +37,13 @@ def ui_command(port: int, address: str = "127.0.0.1") -> list[str]:
     ]  # fmt: skip
 
 
-def start_ui(server: str, port: int, address: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+def start_ui(
+    server: str, port: int, address: str = "127.0.0.1", security: ClientSecurity | None = None
+) -> subprocess.Popen[bytes]:
     """The UI in a process of its own, once it answers its health check."""
-    environment = {**os.environ, config.ENV_SERVER: server}  # the app's Client reads it
-    process = subprocess.Popen(ui_command(port, address), env=environment, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        ui_command(port, address), env=ui_environment(server, security), stdout=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + UI_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -47,6 +56,13 @@ def start_ui(server: str, port: int, address: str = "127.0.0.1") -> subprocess.P
             time.sleep(0.3)
     stop_process(process)
     raise RuntimeError(f"the UI did not answer on port {port} within {UI_START_TIMEOUT_S:.0f} s")
+
+
+def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, str]:
+    """This process's environment with the server's address and `security` as the variables
+    that the app's Client reads (and none of this process's own credentials)."""
+    inherited = {name: value for name, value in os.environ.items() if name not in SECURITY_VARIABLES}
+    return {**inherited, config.ENV_SERVER: server, **(security or ClientSecurity()).environment()}
 
 
 def _reachable(address: str) -> str:
@@ -76,6 +92,30 @@ class Up:
         self.demo = demo
         self.agent: Agent | None = None
         self.ui: subprocess.Popen[bytes] | None = None
+        self.agent_token: str | None = None  # write, for the agent and the demo import
+        self.ui_token: str | None = None  # read
+        self.tls = False
+        self._secrets: Path | None = None
+
+    def secure(self, security: ServerSecurity) -> ServerSecurity:
+        """The server's settings plus what this process's agent and UI need: with tokens, a
+        write token and a read token of their own; with TLS, a plain-text 127.0.0.1 port."""
+        self.tls = security.tls is not None
+        if security.tokens is None:
+            return dataclasses.replace(security, local_plain_port=self.tls)
+        self.agent_token = secrets.token_urlsafe(TOKEN_BYTES)
+        self.ui_token = secrets.token_urlsafe(TOKEN_BYTES)
+        tokens = security.tokens.adding(self.agent_token, "write").adding(self.ui_token, "read")
+        return dataclasses.replace(security, tokens=tokens, local_plain_port=self.tls)
+
+    def _ui_security(self) -> ClientSecurity:
+        if self.ui_token is None:
+            return ClientSecurity()
+        self._secrets = Path(tempfile.mkdtemp(prefix="tracehouse-up-"))  # mode 700
+        token_file = self._secrets / "ui.token"
+        with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as opened:
+            opened.write(self.ui_token)
+        return ClientSecurity(self.ui_token, token_file=token_file)
 
     def start(self, address: str) -> None:
         from agent.daemon import Agent, AgentConfig, open_backend
@@ -89,20 +129,26 @@ class Up:
             backend = open_backend(2)
             what = "2 simulated GPUs"
         started = time.time_ns()
-        self.agent = Agent(AgentConfig(server=address, spool=config.default_spool()), backend)
+        own = ClientSecurity(self.agent_token)
+        self.agent = Agent(AgentConfig(server=address, spool=config.default_spool(), security=own), backend)
         self.agent.start()
         if self.demo:
             from tracehouse.demo import load_demo
 
-            runs = load_demo(address, socket.gethostname(), started, gpus=len(backend.indices()))
+            runs = load_demo(address, socket.gethostname(), started, gpus=len(backend.indices()), security=own)
             print(f"tracehouse: imported the demo runs {', '.join(r.run_id for r in runs)}", file=sys.stderr)
         lines = [f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}"]
         if self.ui_port is not None:
-            self.ui = start_ui(address, self.ui_port)
+            self.ui = start_ui(address, self.ui_port, security=self._ui_security())
             lines.append(f"  UI: http://127.0.0.1:{self.ui_port}")
+        flags = f"--server {address}" + (" --token-file FILE" if self.agent_token else "")
+        if self.tls:
+            lines.append(
+                f"  ({address} is plain text for this machine's agent and UI; use --listen's port with --tls-ca)"
+            )
         lines += [
-            f"  tracehouse query runs --server {address}",
-            f"  tracehouse query series --metric gpu.util_pct --from -5m --server {address}",
+            f"  tracehouse query runs {flags}",
+            f"  tracehouse query series --metric gpu.util_pct --from -5m {flags}",
             "Ctrl-C stops it.",
         ]
         print("\n".join(lines), flush=True)
@@ -110,5 +156,7 @@ class Up:
     def stop(self) -> None:
         if self.ui is not None:
             stop_process(self.ui)
+        if self._secrets is not None:
+            shutil.rmtree(self._secrets, ignore_errors=True)
         if self.agent is not None:
             print(json.dumps(self.agent.stop()), flush=True)

@@ -10,7 +10,9 @@ import grpc
 import streamlit as st
 
 from query.client import Client, QueryFailed
+from tracehouse.channel import client_security
 from tracehouse.config import default_server
+from tracehouse.security import SecurityError
 
 ANSWER_TTL_S = 10
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -26,7 +28,8 @@ def plain(text: str, limit: int = 500) -> str:
 
 @st.cache_resource(show_spinner=False)
 def _client(address: str) -> Client:
-    return Client(address, timeout=120)
+    # token and TLS from the TRACEHOUSE_* variables that `tracehouse ui` and `up` set
+    return Client(address, timeout=120, security=client_security())
 
 
 @st.cache_data(ttl=ANSWER_TTL_S, show_spinner=False, max_entries=256)
@@ -39,10 +42,13 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
     address = default_server()
     try:
         return _answer(address, method, args, tuple(sorted(options.items())))
+    except SecurityError as error:
+        st.error(f"The UI's credentials cannot be used: {plain(str(error), 2000)}")
+        st.stop()
     except QueryFailed as failure:
         if failure.code in UNREACHABLE:
             st.error(
-                f"Cannot reach the tracehouse server at {plain(address)}.\n\n"
+                f"Cannot reach the tracehouse server at {plain(address)}: {plain(failure.message, 2000)}\n\n"
                 "Start everything with `tracehouse up`, or the server alone with `tracehouse serve`; "
                 "to use another server, run `tracehouse ui --server HOST:PORT`."
             )

@@ -1,0 +1,62 @@
+#!/bin/sh
+# Secrets for docker-compose.yml and clickhouse/docker-compose.yml, written to deploy/secrets/
+# (which git ignores):
+#
+#   tokens                  the server's tokens file, one `SCOPE TOKEN` line per client
+#   write_token             the agent's token (write scope)
+#   read_token              the explorer's token (read scope)
+#   admin_token             for people: tracehouse query and import (read and write)
+#   clickhouse_password     the ClickHouse user `tracehouse`'s password, for serve --store-password-file
+#   clickhouse.env          the same for the single ClickHouse server (the image's CLICKHOUSE_PASSWORD)
+#   clickhouse-cluster.env  the same for the cluster nodes, and the secret they share
+#
+# Files that exist are kept, so running it again changes nothing; delete deploy/secrets/ to start
+# over (and restart everything, since the ClickHouse volume keeps the old password).
+#
+# Compose mounts secret files into the containers as they are on this machine, and the
+# tracehouse containers run as uid 10001: the files are readable by all (serve says so in its
+# log), and the folder that holds them is yours alone.
+set -eu
+cd "$(dirname "$0")"
+umask 077
+mkdir -p secrets
+chmod 700 secrets
+
+random_token() {  # what `tracehouse token` makes: 32 random bytes, URL-safe base64
+    if command -v python3 >/dev/null 2>&1; then
+        python3 -c 'import secrets; print(secrets.token_urlsafe(32))'
+    else
+        openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n'
+        echo
+    fi
+}
+
+token_line() {  # a `SCOPE TOKEN` line
+    if command -v tracehouse >/dev/null 2>&1; then
+        tracehouse token --scope "$1"
+    else
+        echo "$1 $(random_token)"
+    fi
+}
+
+if [ ! -f secrets/tokens ]; then
+    : > secrets/tokens.new
+    for scope in write read admin; do
+        line=$(token_line "$scope")
+        echo "$line" >> secrets/tokens.new
+        echo "${line#* }" > "secrets/${scope}_token"
+    done
+    mv secrets/tokens.new secrets/tokens
+fi
+[ -f secrets/clickhouse_password ] || random_token > secrets/clickhouse_password
+password=$(cat secrets/clickhouse_password)
+[ -f secrets/clickhouse.env ] || echo "CLICKHOUSE_PASSWORD=$password" > secrets/clickhouse.env
+if [ ! -f secrets/clickhouse-cluster.env ]; then
+    {
+        echo "CLICKHOUSE_TRACEHOUSE_PASSWORD=$password"
+        echo "CLICKHOUSE_CLUSTER_SECRET=$(random_token)"
+    } > secrets/clickhouse-cluster.env
+fi
+chmod 644 secrets/tokens secrets/write_token secrets/read_token secrets/admin_token secrets/clickhouse_password
+echo "secrets in $(pwd)/secrets:"
+ls -l secrets

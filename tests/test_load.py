@@ -1,0 +1,261 @@
+"""Admission control and load: when the store is behind, the server refuses writes at once
+with RESOURCE_EXHAUSTED and a retry hint; writers wait and spool, and nothing is lost."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.daemon import Agent
+from agent.shipper import Outcome, Shipper, pushback_seconds
+from agent.simulated import SimulatedBackend
+from agent.spool import EncodedBatch, Spool
+from agent.writer import BatchWriter, WriteFailed
+from ingest.admission import BEHIND, DEFAULT_MAX_PENDING_BYTES, PUSHBACK_KEY, Admission, Overloaded
+from ingest.store import Store, WriteResult
+from ingest.validate import ValidatedBatch
+from tests.helpers import counts, telemetry
+from tests.test_agent import config, sample_count
+from tracehouse.batch import encode_request
+from tracehouse.bench import bench_load
+from tracehouse.cli import build_parser
+from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.serve import Server, create_server
+from tracehouse.v1 import ingest_pb2
+
+WRITE = "/tracehouse.v1.Ingest/Write"
+
+
+class HeldStore(Store):
+    """A real store whose writes wait at a gate until `release` is set; `entered` is set
+    when the first write reaches it."""
+
+    entered: threading.Event
+    release: threading.Event
+
+    def write(self, batch: ValidatedBatch, received_ns: int) -> WriteResult:
+        self.entered.set()
+        self.release.wait(60)
+        return super().write(batch, received_ns)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[HeldStore]:
+    opened = HeldStore.open(f"chdb://{tmp_path / 'store'}", DEFAULT_LIMITS)
+    assert isinstance(opened, HeldStore)
+    opened.entered, opened.release = threading.Event(), threading.Event()
+    yield opened
+    opened.release.set()
+    opened.close()
+
+
+@pytest.fixture
+def tight(held: HeldStore) -> Iterator[Server]:
+    """The server with a bound of one byte: a write is admitted only when none is in flight."""
+    running = create_server(held, "127.0.0.1:0", DEFAULT_LIMITS, max_pending_bytes=1)
+    yield running
+    held.release.set()
+    running.stop(grace=5)
+
+
+def _write_method(channel: grpc.Channel) -> Any:
+    return channel.unary_unary(
+        WRITE, request_serializer=None, response_deserializer=ingest_pb2.WriteResponse.FromString
+    )
+
+
+def test_admission_holds_the_bound_and_always_admits_a_write_alone() -> None:
+    admission = Admission(100)
+    with admission.admit(150):  # larger than the bound, but nothing else is in flight
+        with pytest.raises(Overloaded) as near, admission.admit(10):
+            pass
+        with pytest.raises(Overloaded) as far, admission.admit(1_000):
+            pass
+        assert BEHIND in str(near.value) and "--max-pending-bytes" in str(near.value)
+        assert 0 < near.value.retry_ms < far.value.retry_ms, "the further over, the longer the wait"
+        assert admission.counts().pending_bytes == 150
+    with admission.admit(60), admission.admit(40):
+        assert admission.counts().pending_calls == 2
+    final = admission.counts()
+    assert (final.pending_bytes, final.pending_calls, final.peak_bytes) == (0, 0, 150)
+    assert (final.admitted, final.refused) == (3, 2)
+
+
+def test_admission_is_released_when_the_write_fails() -> None:
+    admission = Admission(100)
+    with pytest.raises(RuntimeError), admission.admit(80):
+        raise RuntimeError("the store went away")
+    with admission.admit(100):
+        assert admission.counts().pending_bytes == 100
+
+
+def test_server_refuses_with_a_pushback_hint_and_writes_nothing_of_it(tight: Server, held: HeldStore) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{tight.port}") as channel:
+        write = _write_method(channel)
+        first = write.future(encode_request(telemetry("held", run_id="held").build()), timeout=60)
+        assert held.entered.wait(30), "the first write is in the store, holding the bound"
+        refused_batch = encode_request(telemetry("later", run_id="later").build())
+        with pytest.raises(grpc.RpcError) as refused:
+            write(refused_batch, timeout=30)
+        error = refused.value
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and BEHIND in error.details()
+        trailer = dict(error.trailing_metadata())
+        assert int(trailer[PUSHBACK_KEY]) > 0 and pushback_seconds(error) == int(trailer[PUSHBACK_KEY]) / 1000
+        assert counts(held)["ingest_batches"] == 0 and counts(held)["samples"] == 0, "nothing half-written"
+        held.release.set()
+        assert first.result().samples == 400
+        answer = write(refused_batch, timeout=30)
+    assert (answer.duplicate, answer.samples) == (False, 400)
+    assert counts(held)["samples"] == 800 and counts(held)["ingest_batches"] == 2
+
+
+def test_an_agent_told_to_wait_spools_and_then_delivers_everything(
+    tight: Server, held: HeldStore, tmp_path: Path
+) -> None:
+    address = f"127.0.0.1:{tight.port}"
+    with grpc.insecure_channel(address) as channel:
+        holder = _write_method(channel).future(encode_request(telemetry("held", run_id="held").build()), timeout=60)
+        assert held.entered.wait(30)
+        agent = Agent(config(address, tmp_path / "spool"), SimulatedBackend(2))
+        busy = threading.Semaphore(0)
+        agent.shipper.on_write = lambda _, outcome: busy.release() if outcome is Outcome.BUSY else None
+        agent.start()
+        try:
+            # the second refusal is of a batch that the first one sent to the spool
+            assert busy.acquire(timeout=30) and busy.acquire(timeout=30)
+            assert agent.spool.batches > 0 and agent.stats.snapshot()["stored"] == 0
+        finally:
+            held.release.set()
+        holder.result()
+        report = agent.stop()
+    assert report["sampled"] and report["stored"] == report["sampled"]
+    assert (report["dropped"], report["spooled"]) == (0, 0)
+    assert agent.shipper.busy_answers >= 2 and agent.shipper.spooled_batches > 0
+    assert sample_count(held, agent.run_id)[0] == report["sampled"], "each value stored once"
+
+
+class FakeIngest:
+    """An Ingest server that answers each Write with the next status it was given
+    (code, pushback trailer or None), then stores nothing and says OK."""
+
+    def __init__(self, answers: list[tuple[grpc.StatusCode, str | None]]) -> None:
+        self.answers = list(answers)
+        self.received: list[str] = []
+        self.calls = 0
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._write, request_deserializer=None, response_serializer=lambda answer: answer.SerializeToString()
+        )
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("tracehouse.v1.Ingest", {"Write": handler}),)
+        )
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _write(self, data: bytes, context: grpc.ServicerContext) -> ingest_pb2.WriteResponse:
+        self.calls += 1
+        if self.answers:
+            code, trailer = self.answers.pop(0)
+            if trailer is not None:
+                context.set_trailing_metadata(((PUSHBACK_KEY, trailer),))
+            context.abort(code, "told to refuse")
+        self.received.append(ingest_pb2.WriteRequest.FromString(data).batch.batch_id)
+        return ingest_pb2.WriteResponse()
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest) -> Iterator[FakeIngest]:
+    running = FakeIngest(request.param)
+    yield running
+    running.server.stop(0)
+
+
+def _batches(count: int) -> list[EncodedBatch]:
+    return [EncodedBatch(f"b{i}", encode_request(telemetry(f"b{i}", n=10).build()), 40) for i in range(count)]
+
+
+def _shipper(port: int, tmp_path: Path, fates: dict[str, list[str]]) -> Shipper:
+    spool = Spool(tmp_path / "spool", 1 << 20, on_drop=lambda batch_id, _: fates["dropped"].append(batch_id))
+    return Shipper(
+        f"127.0.0.1:{port}",
+        spool,
+        on_stored=lambda batch_id, _: fates["stored"].append(batch_id),
+        on_dropped=lambda batch_id, _: fates["dropped"].append(batch_id),
+        max_backoff=0.2,
+    )
+
+
+@pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, "30")] * 3], indirect=True)
+def test_the_shipper_waits_as_asked_and_keeps_the_order(fake: FakeIngest, tmp_path: Path) -> None:
+    fates: dict[str, list[str]] = {"stored": [], "dropped": []}
+    shipper = _shipper(fake.port, tmp_path, fates)
+    for batch in _batches(5):
+        shipper.submit(batch)
+    shipper.shutdown(timeout=30)
+    assert fates == {"stored": [f"b{i}" for i in range(5)], "dropped": []}
+    assert fake.received == fates["stored"] and fake.calls == 8
+    assert shipper.busy_answers == 3 and shipper.spooled_batches > 0 and shipper.spool.batches == 0
+
+
+@pytest.mark.parametrize(
+    "fake",
+    [[(grpc.StatusCode.RESOURCE_EXHAUSTED, None)], [(grpc.StatusCode.RESOURCE_EXHAUSTED, "-1")]],
+    indirect=True,
+    ids=["no-hint", "do-not-retry"],
+)
+def test_resource_exhausted_without_a_hint_is_not_retried(fake: FakeIngest, tmp_path: Path) -> None:
+    """As gRPC answers a message over its size limit: retrying would loop for ever."""
+    fates: dict[str, list[str]] = {"stored": [], "dropped": []}
+    shipper = _shipper(fake.port, tmp_path, fates)
+    for batch in _batches(2):
+        shipper.submit(batch)
+    shipper.shutdown(timeout=30)
+    assert fates == {"stored": ["b1"], "dropped": ["b0"]} and fake.calls == 2
+
+
+@pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, "20")] * 2], indirect=True)
+def test_the_import_writer_waits_as_asked(fake: FakeIngest) -> None:
+    writer = BatchWriter(f"127.0.0.1:{fake.port}", concurrency=1)
+    try:
+        writer.write(telemetry("w0", n=10).build())
+        writer.flush()
+    finally:
+        writer.close()
+    assert fake.received == ["w0"] and fake.calls == 3
+
+
+@pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, None)]], indirect=True)
+def test_the_import_writer_gives_up_on_resource_exhausted_without_a_hint(fake: FakeIngest) -> None:
+    writer = BatchWriter(f"127.0.0.1:{fake.port}", concurrency=1)
+    try:
+        writer.write(telemetry("w0", n=10).build())
+        with pytest.raises(WriteFailed) as failed:
+            writer.flush()
+    finally:
+        writer.close()
+    assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and fake.calls == 1
+
+
+def test_max_pending_bytes_option() -> None:
+    parser = build_parser()
+    for command in (["serve"], ["up"], ["bench", "load"]):
+        assert parser.parse_args(command).max_pending_bytes == DEFAULT_MAX_PENDING_BYTES
+    assert parser.parse_args(["serve", "--max-pending-bytes", "64K"]).max_pending_bytes == 64 << 10
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--max-pending-bytes", "lots"])
+
+
+def test_bench_load_loses_nothing_and_reports_its_figures() -> None:
+    result = bench_load(agents=2, gpus=2, interval=0.1, seconds=3.0, max_pending_bytes=1)
+    assert result["lost"] == 0 and result["goal"]["met"], result
+    assert result["sampled_values"] == result["stored_values"] > 0 and result["stored_twice"] == 0
+    assert (result["dropped"], result["left_in_spool"]) == (0, 0)
+    assert result["offered_values_per_s"] > 0 and result["write_calls"] > 0
+    assert result["write_latency_ms"]["p99"] >= result["write_latency_ms"]["p50"] > 0
+    assert result["server_peak_rss_mb"] > 0 and result["resource_exhausted"] >= 0

@@ -1,0 +1,142 @@
+"""Every client's channel to `tracehouse serve`: plain or TLS (optionally with a client
+certificate), and the bearer token its calls carry.
+
+Options, then the environment (TRACEHOUSE_TOKEN_FILE, TRACEHOUSE_TLS_CA, TRACEHOUSE_TLS_CERT,
+TRACEHOUSE_TLS_KEY), then nothing: a CA turns TLS on; no token means calls carry none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tracehouse import config
+from tracehouse.security import SecurityError, check_certificates, check_key_pair, read_pem
+
+# The server refused the caller, not the request: retrying with the same credentials cannot help.
+ACCESS_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+SECURITY_VARIABLES = (config.ENV_TOKEN_FILE, config.ENV_TLS_CA, config.ENV_TLS_CERT, config.ENV_TLS_KEY)
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """A client's credentials. `token_file` is where `token` came from, handed on to a child
+    process (the UI) through the environment."""
+
+    token: str | None = field(default=None, repr=False)
+    ca: Path | None = None  # PEM: the CA (or self-signed certificate) the server's certificate chains to
+    cert: Path | None = None  # PEM: this client's certificate, for a server that wants one (mTLS)
+    key: Path | None = None  # PEM: its private key
+    token_file: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the variables that `client_security()` reads."""
+        paths = {
+            config.ENV_TOKEN_FILE: self.token_file,
+            config.ENV_TLS_CA: self.ca,
+            config.ENV_TLS_CERT: self.cert,
+            config.ENV_TLS_KEY: self.key,
+        }
+        return {name: str(path.resolve()) for name, path in paths.items() if path is not None}
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        assert self.ca is not None
+        key = read_pem(self.key, "--tls-key") if self.key is not None else None
+        cert = read_pem(self.cert, "--tls-cert") if self.cert is not None else None
+        return grpc.ssl_channel_credentials(read_pem(self.ca, "--tls-ca"), key, cert)
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
+        raise SecurityError(f"--token-file {path}: cannot read it: {reason}") from None
+    if not token:
+        raise SecurityError(f"--token-file {path} is empty")
+    if len(token.split()) == 2 and token.split()[0] in ("read", "write", "admin"):
+        token = token.split()[1]  # a line copied whole from the tokens file
+    if len(token.split()) != 1:
+        raise SecurityError(f"--token-file {path}: expected one token")
+    return token
+
+
+def _path(option: Path | str | None, variable: str) -> Path | None:
+    chosen = option if option is not None else os.environ.get(variable) or None
+    return Path(chosen).expanduser() if chosen is not None else None
+
+
+def client_security(
+    token_file: Path | str | None = None,
+    ca: Path | str | None = None,
+    cert: Path | str | None = None,
+    key: Path | str | None = None,
+) -> ClientSecurity:
+    """Options, else TRACEHOUSE_* variables; files read and checked now, so that a problem is
+    reported at start, naming the option, rather than as a failed connection."""
+    token_path = _path(token_file, config.ENV_TOKEN_FILE)
+    ca_path = _path(ca, config.ENV_TLS_CA)
+    cert_path = _path(cert, config.ENV_TLS_CERT)
+    key_path = _path(key, config.ENV_TLS_KEY)
+    if (cert_path is None) != (key_path is None):
+        raise SecurityError("--tls-cert and --tls-key go together: this client's certificate and its private key")
+    if cert_path is not None and key_path is not None:
+        if ca_path is None:
+            raise SecurityError("--tls-cert needs --tls-ca: the CA that the server's certificate chains to")
+        check_key_pair(
+            read_pem(cert_path, "--tls-cert"), cert_path, read_pem(key_path, "--tls-key"), key_path,
+            "--tls-cert", "--tls-key",
+        )  # fmt: skip
+    if ca_path is not None:
+        check_certificates(read_pem(ca_path, "--tls-ca"), "--tls-ca", ca_path)
+    token = read_token(token_path) if token_path is not None else None
+    return ClientSecurity(token, ca_path, cert_path, key_path, token_path)
+
+
+def open_channel(
+    server: str, security: ClientSecurity | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A channel to `server` (host:port): TLS when `security` names a CA."""
+    if security is not None and security.tls:
+        return grpc.secure_channel(server, security.credentials(), options=list(options))
+    return grpc.insecure_channel(server, options=list(options))
+
+
+def explain(code: grpc.StatusCode, details: str, server: str, security: ClientSecurity | None) -> str:
+    """A failed call's message, with what to try where the status alone is vague."""
+    tls = security is not None and security.tls
+    lowered = details.lower()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if "connection refused" in lowered or "name resolution" in lowered or "dns" in lowered:
+            return f"no tracehouse server at {server} ({details}); start one with `tracehouse serve`"
+        if "ssl" in lowered or "handshake" in lowered or "certificate" in lowered or "tls" in lowered:
+            return (
+                f"{details}; the TLS handshake with {server} failed: does --tls-ca trust the server's certificate, "
+                "is that certificate valid for this address and not expired, and does the server want a client "
+                "certificate (--tls-cert and --tls-key)?"
+            )
+        if "socket closed" in lowered or "connection reset" in lowered or "connect" in lowered:
+            if tls:
+                return (
+                    f"{details}; the server at {server} closed the connection during TLS: does it want a client "
+                    "certificate (--tls-cert and --tls-key) signed by its --tls-client-ca, and is yours valid?"
+                )
+            return f"{details}; is the server at {server} using TLS? then pass --tls-ca (${config.ENV_TLS_CA})"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        if security is not None and security.token:
+            where = f" in {security.token_file}" if security.token_file else ""
+            return f"{details}: the token{where} is not in the server's tokens file"
+        return f"{details}; pass --token-file FILE (${config.ENV_TOKEN_FILE})"
+    return details
