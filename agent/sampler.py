@@ -26,6 +26,7 @@ MAX_RETRY_S = 60.0
 # counters change every few ms at best (power) to every second (utilisation), and the ns of a
 # read's scheduling jitter would cost about 2 bytes per stored value.
 STAMP_NS = 1_000_000
+CLOCK_STEP_NS = 1_000_000_000  # a wall clock that goes back further was set, not late
 
 
 @dataclass
@@ -51,7 +52,11 @@ class Sampler:
         """The reading's time to the ms, and after the last one of this GPU and tick: ticks
         that run late and catch up within a ms still give each series one value per instant."""
         stamp = (self.wall_ns() if wall is None else wall) // STAMP_NS * STAMP_NS
-        stamp = max(stamp, self._stamped.get((gpu, tick), -STAMP_NS) + STAMP_NS)
+        last = self._stamped.get((gpu, tick))
+        if last is not None and last - CLOCK_STEP_NS < stamp <= last:
+            stamp = last + STAMP_NS
+        elif last is not None and stamp <= last:
+            log.warning("the wall clock went back %.1f s: readings are stamped with it", (last - stamp) / 1e9)
         self._stamped[(gpu, tick)] = stamp
         return stamp
 

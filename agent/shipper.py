@@ -4,8 +4,8 @@ Order is kept: while the spool holds anything, new batches join it, and the ship
 the oldest first. Only transient failures are retried (jittered exponential backoff that a
 shutdown interrupts); a batch the server refuses as malformed is dropped and counted. A
 server whose store is behind answers RESOURCE_EXHAUSTED with a retry hint: the shipper
-spools and waits as long as it asks (plus jitter); a RESOURCE_EXHAUSTED without the hint,
-such as a message over gRPC's size limit, is no reason to try again.
+spools and waits as long as it asks (plus jitter), or a second without a hint (as from
+gRPC's own limits or a proxy). Only a batch over the transport's size limit is dropped.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from enum import Enum
 import grpc
 
 from agent.spool import EncodedBatch, Spool
-from ingest.admission import BEHIND, PUSHBACK_KEY
 from tracehouse.channel import ClientSecurity, open_channel
+from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
 from tracehouse.v1 import ingest_pb2
 
 log = logging.getLogger("tracehouse.agent.shipper")
 
 PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE}
-UNHINTED_PUSHBACK_S = 1.0  # a refusal that says the store is behind but lost its hint on the way
+UNHINTED_PUSHBACK_S = 1.0  # the pause after a RESOURCE_EXHAUSTED without a usable retry hint
 BEHIND_LOG_S = 60.0  # under steady load pauses come and go every few seconds: say so once a minute
 
 
@@ -41,9 +41,8 @@ class Outcome(Enum):
 
 def pushback_seconds(error: grpc.RpcError) -> float | None:
     """How long a RESOURCE_EXHAUSTED answer asks the writer to wait before trying again
-    (the server's `grpc-retry-pushback-ms` trailer); None when it is no request to retry
-    at all: another status, a negative hint (gRFC A6: do not retry), or no hint, as when
-    gRPC refuses a message over its size limit."""
+    (the server's `grpc-retry-pushback-ms` trailer); None for another status, or without a
+    usable hint: none, or a negative one (gRFC A6's "do not retry this call")."""
     if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
     for key, value in error.trailing_metadata() or ():
@@ -53,7 +52,27 @@ def pushback_seconds(error: grpc.RpcError) -> float | None:
             except (TypeError, ValueError):
                 break
             return milliseconds / 1000 if milliseconds >= 0 else None
-    return UNHINTED_PUSHBACK_S if BEHIND in (error.details() or "") else None
+    return None
+
+
+def classify(error: grpc.RpcError, payload_bytes: int) -> tuple[Outcome, float]:
+    """What a failed Write of `payload_bytes` means for its batch, and (BUSY) the seconds to
+    pause before sending it again; the shipper and the import writer both decide by this.
+
+    RESOURCE_EXHAUSTED asks for a pause: as long as the server's hint says, or
+    UNHINTED_PUSHBACK_S without one, since gRPC's own limit on concurrent calls, a resource
+    quota or a proxy answer it with none. Only a batch over the transport's size limit can
+    never pass: REFUSED, as after a PERMANENT status. Anything else is RETRY, the server
+    is away, and the caller backs off as it sees fit."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if payload_bytes > TRANSPORT_MAX_BYTES:
+            return Outcome.REFUSED, 0.0
+        hint = pushback_seconds(error)
+        return Outcome.BUSY, UNHINTED_PUSHBACK_S if hint is None else hint
+    if code in PERMANENT:
+        return Outcome.REFUSED, 0.0
+    return Outcome.RETRY, 0.0
 
 
 class Shipper:
@@ -76,7 +95,7 @@ class Shipper:
         self._on_stored = on_stored
         self._on_dropped = on_dropped
         self._metadata = security.metadata() if security else ()
-        self._channel = open_channel(server, security, [("grpc.max_send_message_length", 256 << 20)])
+        self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
         self._write = self._channel.unary_unary(
             "/tracehouse.v1.Ingest/Write",
             request_serializer=None,  # batches travel already encoded
@@ -177,15 +196,8 @@ class Shipper:
         try:
             self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
         except grpc.RpcError as error:
-            code = error.code()
-            detail = f"{code.name}: {error.details()}"
-            hint = pushback_seconds(error)
-            if hint is not None:
-                outcome, pause = Outcome.BUSY, hint
-            elif code in PERMANENT or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                outcome = Outcome.REFUSED
-            else:
-                outcome = Outcome.RETRY
+            detail = f"{error.code().name}: {error.details()}"
+            outcome, pause = classify(error, len(batch.payload))
         if self.on_write is not None:
             self.on_write(time.perf_counter() - started, outcome)
         return outcome, detail, pause

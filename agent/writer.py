@@ -11,9 +11,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
-from agent.shipper import PERMANENT, pushback_seconds
+from agent.shipper import Outcome, classify
 from tracehouse.batch import encode_request
 from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, explain, open_channel
+from tracehouse.pushback import TRANSPORT_MAX_BYTES
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 
@@ -32,7 +33,7 @@ class BatchWriter:
         self.server = server
         self.security = security
         self._metadata = security.metadata() if security else ()
-        self._channel = open_channel(server, security, [("grpc.max_send_message_length", 256 << 20)])
+        self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
         self._write = self._channel.unary_unary(
             "/tracehouse.v1.Ingest/Write",
             request_serializer=None,  # encoded by the caller's thread, sent by the pool's
@@ -79,13 +80,13 @@ class BatchWriter:
                 return answer
             except grpc.RpcError as error:
                 code = error.code()
-                asked = pushback_seconds(error)  # the store is behind: wait as long as the server asks
-                pause = delay * random.uniform(0.8, 1.2) if asked is None else asked * random.uniform(1.0, 1.5)
-                hopeless = code in PERMANENT or (asked is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED)
-                if hopeless or code in ACCESS_REFUSED or time.monotonic() + pause > deadline:
+                outcome, asked = classify(error, len(request))
+                busy = outcome is Outcome.BUSY  # the server is there: wait as long as it asks
+                pause = asked * random.uniform(1.0, 1.5) if busy else delay * random.uniform(0.8, 1.2)
+                if outcome is Outcome.REFUSED or code in ACCESS_REFUSED or time.monotonic() + pause > deadline:
                     raise WriteFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
             time.sleep(pause)
-            if asked is None:
+            if not busy:
                 delay = min(delay * 2, 10.0)
 
     def close(self) -> None:

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingest.schema import Alter, Layout, Statement, Step, Table, View, render
+from ingest.schema import (
+    Alter,
+    Layout,
+    Statement,
+    Step,
+    Table,
+    View,
+    check_coarser_kept_longer,
+    parse_retention,
+    render,
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ SAMPLES = Table(
     gpu Int16 COMMENT 'GPU index on the host; -1 for series not tied to one GPU',
     pid UInt32 COMMENT 'process the value is about; 0 for none',
     metric LowCardinality(String) COMMENT 'metric name; its unit is part of the name',
-    ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'instant of the sample',
+    ts DateTime64(9, 'UTC') COMMENT 'instant of the sample' CODEC(DoubleDelta, ZSTD(1)),
     value Float64 CODEC(Gorilla, ZSTD(1))
 """,
     "MergeTree",
@@ -99,7 +109,7 @@ EVENTS = Table(
     host LowCardinality(String),
     kind LowCardinality(String) COMMENT 'kernel, memcpy, memset, cuda_api, sync, nvtx, osrt, ...',
     start DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    end DateTime64(9, 'UTC') CODEC(ZSTD(1)) COMMENT 'exclusive; equal to start for an instant',
+    end DateTime64(9, 'UTC') COMMENT 'exclusive; equal to start for an instant' CODEC(ZSTD(1)),
     gpu Int16 COMMENT '-1 when not on a GPU',
     stream Int32 COMMENT 'CUDA stream; -1 for none',
     pid UInt32,
@@ -153,7 +163,7 @@ def _rollup(name: str, seconds: int) -> tuple[Table, View]:
     gpu Int16,
     pid UInt32,
     metric LowCardinality(String),
-    ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'start of the {seconds} s the row sums up',
+    ts DateTime64(9, 'UTC') COMMENT 'start of the {seconds} s the row sums up' CODEC(DoubleDelta, ZSTD(1)),
     min SimpleAggregateFunction(min, Float64) CODEC(ZSTD(3)),
     max SimpleAggregateFunction(max, Float64) CODEC(ZSTD(3)),
     sum SimpleAggregateFunction(sum, Float64) CODEC(ZSTD(3)),
@@ -202,7 +212,9 @@ MIGRATIONS: tuple[Migration, ...] = (
                 for column in ("end", "launch_start", "correlation_id", "id")
             ),
             *(step for table, view in ROLLUPS.values() for step in (table, view)),
-            # samples stored before the views existed; emptied first, so a rerun adds nothing twice
+            # samples stored before the views existed; emptied first, so a rerun adds nothing twice.
+            # Nothing else may write meanwhile: `serve` migrates before it serves, and a server
+            # store shared by several `serve`s is upgraded with the others stopped.
             *(
                 step
                 for name, seconds in ROLLUP_SECONDS.items()
@@ -221,9 +233,16 @@ TABLES_BY_NAME = {table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS
     name: table for name, (table, _) in ROLLUPS.items()
 }
 # what `--retention NAME=DURATION` may name, and the tables each name stands for
-RETENTION_NAMES = {"samples": "samples", "events": "events", "rollups": ",".join(ROLLUP_SECONDS)} | {
-    name: name for name in ROLLUP_SECONDS
+RETENTION_NAMES = {"samples": ("samples",), "events": ("events",), "rollups": tuple(ROLLUP_SECONDS)} | {
+    name: (name,) for name in ROLLUP_SECONDS
 }
+
+
+def retention(entries: list[str]) -> dict[str, int]:
+    """`--retention` entries to seconds per table, a rollup never kept shorter than what it sums up."""
+    chosen = parse_retention(entries, RETENTION_NAMES)
+    check_coarser_kept_longer(chosen, ("samples", *sorted(ROLLUP_SECONDS, key=ROLLUP_SECONDS.__getitem__)))
+    return chosen
 
 
 def script(layout: Layout) -> list[str]:
@@ -231,7 +250,9 @@ def script(layout: Layout) -> list[str]:
     what `tracehouse schema` prints for clickhouse-client --multiquery."""
     statements = [f"CREATE DATABASE IF NOT EXISTS {layout.db}{layout.on_cluster()}", *render(LEDGER, layout)]
     for migration in MIGRATIONS:
-        statements += [statement for step in migration.steps for statement in render(step, layout)]
+        # a new schema has nothing to fill in: run on a store in use, a backfill would start over
+        steps = [step for step in migration.steps if not (isinstance(step, Statement) and step.local_only)]
+        statements += [statement for step in steps for statement in render(step, layout)]
     versions = ", ".join(f"({m.version}, '{m.name}')" for m in MIGRATIONS)
     statements.append(f"INSERT INTO {layout.db}.schema_migrations (version, name) VALUES {versions}")
     return statements

@@ -9,6 +9,7 @@ tables, since each node rolls up what it stores.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 # Window of recent inserts whose insert_deduplication_token ClickHouse remembers per table:
 # a retried insert of the same batch after a partial failure is stored once.
 DEDUP_WINDOW = 100_000
+# Replicated tables keep each token in Keeper: fewer of them, for a week (a long spool replay);
+# newer servers forget tokens after an hour unless told otherwise.
+REPLICATED_DEDUP_WINDOW = 10_000
+REPLICATED_DEDUP_SECONDS = 7 * 86400
 
 SHARD_KEYS = {"host": "cityHash64(host)", "run_id": "cityHash64(run_id)"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -100,9 +105,9 @@ class Layout:
         return f"{self.db}.{self.local_name(table)}"
 
 
-def parse_retention(entries: list[str], tables: Mapping[str, str]) -> dict[str, int]:
+def parse_retention(entries: list[str], tables: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
     """`TABLE=DURATION` entries (e.g. samples=30d, rollups=1y, events=forever) to seconds per
-    table; `tables` maps each name a user may give to the tables it stands for (comma-separated)."""
+    table; `tables` maps each name a user may give to the tables it stands for."""
     retention: dict[str, int] = {}
     for entry in entries:
         name, equals, text = entry.partition("=")
@@ -118,9 +123,31 @@ def parse_retention(entries: list[str], tables: Mapping[str, str]) -> dict[str, 
             raise ValueError(
                 f"retention: {entry!r}: give a number of hours, days, weeks or years (12h, 30d, 8w, 1y) or 'forever'"
             )
-        for table in tables[name].split(","):
+        for table in tables[name]:
             retention[table] = seconds
     return retention
+
+
+def describe_retention(seconds: int) -> str:
+    if not seconds:
+        return "forever"
+    unit = next(unit for unit, size in sorted(_RETENTION_UNITS.items(), key=lambda u: -u[1]) if seconds % size == 0)
+    return f"{seconds // _RETENTION_UNITS[unit]}{unit}"
+
+
+def check_coarser_kept_longer(retention: Mapping[str, int], finest_first: tuple[str, ...]) -> None:
+    """Each table in `finest_first` kept at least as long as the one before it: a rollup that
+    expires before the data it sums up would leave coarse answers empty while the data is there."""
+    for finer, coarser in itertools.pairwise(finest_first):
+        kept = retention.get(coarser)
+        if not kept:
+            continue  # not changed here, or kept for good
+        if not retention.get(finer) or retention[finer] > kept:
+            raise ValueError(
+                f"retention: {coarser}={describe_retention(kept)} would expire before {finer} "
+                f"({describe_retention(retention[finer]) if finer in retention else 'not given'}): keep {coarser} "
+                f"at least as long as {finer}, e.g. --retention {finer}={describe_retention(kept)}"
+            )
 
 
 def ttl_expression(table: Table, seconds: int) -> str:
@@ -145,7 +172,12 @@ def _ttls(table: Table, layout: Layout) -> list[str]:
 
 
 def table_ddl(table: Table, layout: Layout) -> list[str]:
-    dedup = "replicated_deduplication_window" if layout.cluster else "non_replicated_deduplication_window"
+    dedup = (
+        f"replicated_deduplication_window = {REPLICATED_DEDUP_WINDOW}, "
+        f"replicated_deduplication_window_seconds = {REPLICATED_DEDUP_SECONDS}"
+        if layout.cluster
+        else f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    )
     clauses = [f"ENGINE = {_engine(table, layout)}"]
     if table.partition_by:
         clauses.append(f"PARTITION BY {table.partition_by}")
@@ -154,7 +186,7 @@ def table_ddl(table: Table, layout: Layout) -> list[str]:
     if ttls:
         clauses.append(f"TTL {', '.join(ttls)}")
     if table.dedup:
-        clauses.append(f"SETTINGS {dedup} = {DEDUP_WINDOW}")
+        clauses.append(f"SETTINGS {dedup}")
     clauses.append(f"COMMENT {_quote(table.comment)}")
     create = (
         f"CREATE TABLE IF NOT EXISTS {layout.local(table.name)}{layout.on_cluster()} (\n"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.admission import PUSHBACK_KEY, Admission, Overloaded
+from ingest.admission import Admission, Overloaded
 from ingest.store import Store
 from ingest.validate import validate_batch
+from tracehouse.pushback import PUSHBACK_KEY
 from tracehouse.timefmt import now_ns
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 

@@ -47,6 +47,7 @@ _NOT_A_QUERY = re.compile(
     re.IGNORECASE,
 )
 _COMMENTS = re.compile(r"(--[^\n]*|/\*.*?\*/)", re.DOTALL)
+_MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
 
 
 class StoreError(Exception):
@@ -117,8 +118,8 @@ def with_password(url: str, password: str) -> str:
         raise ValueError(f"store URL {_redact(url)!r} has a password already: give it once")
     if not password:
         raise ValueError("the store password is empty")
-    user = quote(parts.username or "default", safe="")
-    host = parts.netloc.rpartition("@")[2]
+    user_info, _, host = parts.netloc.rpartition("@")
+    user = user_info or "default"  # as written: already %-escaped
     return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}").geturl()
 
 
@@ -208,6 +209,8 @@ class Store:
         self._in_flight_changed = threading.Condition()
         self._ready = False
         self._ready_lock = threading.Lock()
+        # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
+        self.materialized_cte = False
         self._closed = False
 
     @classmethod
@@ -228,7 +231,15 @@ class Store:
         with self._ready_lock:
             if not self._ready:
                 self.migrate()
+                self.materialized_cte = not self.layout.cluster and self._has_setting("enable_materialized_cte")
                 self._ready = True
+
+    def _has_setting(self, name: str) -> bool:
+        with self._client() as client:
+            found = client.query(
+                "SELECT count() FROM system.settings WHERE name = {name:String}", parameters={"name": name}
+            )
+            return bool(found.result_rows[0][0])
 
     def _connect(self, settings: Mapping[str, Any] | None = None) -> Client:
         if self._closed:
@@ -263,9 +274,15 @@ class Store:
         """Apply every migration newer than the store's version; return the version."""
         layout = self.layout
         with self._client() as client:
-            client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}{layout.on_cluster()}")
-            for statement in render(LEDGER, layout):
-                client.command(statement)
+            # a store made by `tracehouse schema` needs no DDL here, nor the grants for it
+            found = client.query(
+                "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'schema_migrations'",
+                parameters={"db": self.location.database},
+            ).result_rows
+            if not found[0][0]:
+                client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}{layout.on_cluster()}")
+                for statement in render(LEDGER, layout):
+                    client.command(statement)
             current = self._schema_version(client)
             if current > LATEST_VERSION:
                 raise StoreUnavailable(
@@ -381,6 +398,8 @@ class Store:
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
         """Run one of tracehouse's own queries; `{db}` in the text names the database."""
         self.ensure_ready()
+        if not self.materialized_cte:
+            sql = without_materialized_cte(sql)
         with self._client(failure=StoreError) as client:
             return client.query_arrow(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
 
@@ -409,6 +428,8 @@ class Store:
             # that a result cut for its size is known to be cut
             "max_result_bytes": 2 * limits.sql_max_bytes,
             "result_overflow_mode": "break",
+            # on a cluster: GLOBAL subqueries are refused under readonly; each shard runs its own
+            **({"distributed_product_mode": "allow"} if self.layout.cluster else {}),
             "readonly": 1,  # last: once set, the session may change no other setting
         }
         started = time.monotonic()
@@ -449,6 +470,11 @@ class Store:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def without_materialized_cte(sql: str) -> str:
+    """The query with its CTEs computed where referenced: same answer, maybe more work."""
+    return _MATERIALIZED_CTE.sub("AS (", sql).replace("\nSETTINGS enable_materialized_cte = 1", "")
 
 
 def ipc_bytes(table: pa.Table) -> bytes:

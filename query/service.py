@@ -142,6 +142,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
                 return query_pb2.SeriesResponse(bucket_ns=0)
             start = span[0] if start is None else max(start, span[0])
             end = span[1] if end is None else min(end, span[1])
+            if end <= start:
+                return query_pb2.SeriesResponse(bucket_ns=0)
         width = sql.bucket_width(start, end, max_points)
         origin = start - start % width
         text, params = sql.series(where, origin, width, sql.rollup_for(start, end, width), selects)

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ingest.migrations import ROLLUP_SECONDS
 from query.window import Predicates, QueryError, ns
 from tracehouse.timefmt import NS_PER_S
 
@@ -58,8 +59,10 @@ class Rollup:
     to_ns: int
 
 
-# rollups of `samples`, coarsest first, by the span one row sums up (ingest.migrations)
-ROLLUPS = (("samples_1m", 60 * NS_PER_S), ("samples_1s", NS_PER_S))
+# rollups of `samples`, coarsest first, by the span one row sums up
+ROLLUPS = tuple(
+    (table, seconds * NS_PER_S) for table, seconds in sorted(ROLLUP_SECONDS.items(), key=lambda item: -item[1])
+)
 COARSEST_ROLLUP = ROLLUPS[0]
 
 
@@ -67,11 +70,9 @@ def rollup_for(start: int, end: int, width: int) -> Rollup | None:
     """The coarsest rollup whose rows each fall in one bucket of `width`, over the whole
     rollup rows inside [start, end); None when no rollup helps."""
     for table, span in ROLLUPS:
-        if width % span == 0:
-            first, last = -(-start // span) * span, end // span * span
-            if first < last:
-                return Rollup(table, first, last)
-            return None
+        first, last = -(-start // span) * span, end // span * span
+        if width % span == 0 and first < last:
+            return Rollup(table, first, last)
     return None
 
 
@@ -98,8 +99,8 @@ def series_ends(where: Predicates, first_row: int, last_row: int) -> tuple[str, 
     """The first and last sample, found inside the first and last rows of the coarsest rollup."""
     span = COARSEST_ROLLUP[1]
     sql = f"""
-SELECT toUnixTimestamp64Nano(minIf(ts, ts < {ns("first_row_end")})),
-       toUnixTimestamp64Nano(maxIf(ts, ts >= {ns("last_row")}))
+SELECT toUnixTimestamp64Nano(minIf(toNullable(ts), ts < {ns("first_row_end")})),
+       toUnixTimestamp64Nano(maxIf(toNullable(ts), ts >= {ns("last_row")}))
 FROM {{db}}.samples
 WHERE metric IN {{metrics:Array(String)}} AND {where.sql()}
   AND ((ts >= {ns("first_row")} AND ts < {ns("first_row_end")})

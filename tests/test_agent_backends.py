@@ -17,7 +17,7 @@ from agent.sampler import Sampler
 from agent.simulated import SimulatedBackend
 from agent.spool import EncodedBatch
 from agent.stats import Stats
-from tests.agent_helpers import metrics_by_gpu, sample_rows
+from tests.agent_helpers import decode, metrics_by_gpu, sample_rows
 from tests.fake_nvml import FakeNvml
 
 
@@ -207,3 +207,35 @@ def test_processes_are_sampled_with_pid_and_named_once(fake: FakeNvml) -> None:
     states = [events.dictionary[v] for v in events.events.extra_value]
     assert names == ["python train.py [4242]"] * 4
     assert states == ["start", "start", "start", "end"]
+
+
+def _stamps(sent: list[EncodedBatch], gpu: int, metric: str) -> list[int]:
+    stamps = []
+    for encoded in sent:
+        batch = decode(encoded).batch
+        columns = batch.samples
+        for ts, g, name in zip(columns.ts, columns.gpu, columns.metric, strict=True):
+            if g == gpu and batch.dictionary[name] == metric:
+                stamps.append(ts)
+    return stamps
+
+
+def test_readings_are_stamped_to_the_ms_one_per_instant_and_follow_a_clock_that_was_set() -> None:
+    wall = [1_790_000_000_123_456_789]
+    sampler, sent, _ = _sampler(SimulatedBackend(2), Clock())
+    sampler.wall_ns = lambda: wall[0]
+    sampler.fast_tick()
+    wall[0] += 300_000  # a late tick catching up within the same millisecond
+    sampler.fast_tick()
+    wall[0] += 99_000_000
+    sampler.fast_tick()
+    wall[0] -= 3600 * 10**9  # the clock was set back an hour
+    sampler.fast_tick()
+    sampler.batcher.flush()
+    first = 1_790_000_000_123_000_000
+    assert _stamps(sent, 0, m.GPU_UTIL) == [
+        first,
+        first + 1_000_000,
+        first + 99_000_000,
+        first + 99_000_000 - 3600 * 10**9,
+    ]

@@ -13,7 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ingest.store import Store, without_materialized_cte
+from query import analysis
 from query.client import Client, QueryFailed
+from query.window import Predicates
 from tests.conftest import FIXTURES
 from tests.timeline_trace import HOST, MS, US, Trace
 from tracehouse.cli import main
@@ -262,3 +265,17 @@ def test_every_analysis_runs_on_every_real_export(client: Client, address: str) 
 
 def test_fixture_path_helper_exists() -> None:
     assert isinstance(FIXTURES, Path)
+
+
+def test_servers_without_materialized_ctes_give_the_same_answers(
+    store: Store, client: Client, traces: dict[str, Trace]
+) -> None:
+    """ClickHouse before 26.1 (and any cluster) has no `AS MATERIALIZED`: the store asks without it."""
+    assert store.materialized_cte  # chDB has it
+    with_it = (client.phases(run="r1"), client.nvtx_gpu(run="r1", limit=50))
+    store.materialized_cte = False
+    without = (client.phases(run="r1"), client.nvtx_gpu(run="r1", limit=50))
+    pd.testing.assert_frame_equal(with_it[0], without[0])
+    for part in ("summary", "ranges"):
+        pd.testing.assert_frame_equal(with_it[1][part], without[1][part])
+    assert "MATERIALIZED" not in without_materialized_cte(analysis.phases(Predicates())[0])

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ingest.migrations import retention
 from tracehouse import config
 from tracehouse.cli import build_parser
 
@@ -77,9 +78,13 @@ def parse_error(parser: Any, argv: list[str] | tuple[str, ...]) -> str | None:
     complaint = io.StringIO()
     with contextlib.redirect_stderr(complaint), contextlib.redirect_stdout(io.StringIO()):
         try:
-            parser.parse_args(list(argv))
+            args = parser.parse_args(list(argv))
         except SystemExit:
             return (complaint.getvalue().strip().splitlines() or ["exited"])[-1]
+    try:
+        retention(getattr(args, "retention", []))  # what serve itself checks after parsing
+    except ValueError as error:
+        return str(error)
     return None
 
 

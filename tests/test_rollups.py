@@ -187,3 +187,41 @@ def test_rollups_outlive_raw_samples(short_lived: tuple[Store, Client, ingest_pb
     assert width % (60 * S) == 0
     _check(frame, _oracle(data[(data["gpu"] == 0) & (data["metric"] == "gpu.util")], start, end, width))
     assert client.series("gpu.util", max_points=90, host="host-a", gpu=0, start=T0, end=T0 + 10 * S).empty
+
+
+def test_a_half_written_batch_written_again_is_rolled_up_once(
+    store: Store, ingest: ingest_pb2_grpc.IngestStub, telemetry: pd.DataFrame
+) -> None:
+    """The ledger forgets the batches (as after a failure between the inserts and the ledger's
+    row); writing them again goes past it to the inserts, whose views deduplicate with them."""
+    store.execute("TRUNCATE TABLE {db}.ingest_batches")
+    _write(ingest, telemetry)
+    assert store.query("SELECT count() AS n FROM {db}.samples").column("n")[0].as_py() == len(telemetry)
+    for table, _ in sql.ROLLUPS:
+        total = store.query(f"SELECT sum(count) AS n FROM {{db}}.{table}").column("n")[0].as_py()
+        assert total == len(telemetry), table
+
+
+def test_series_span_edges(client: Client, telemetry: pd.DataFrame) -> None:
+    """Open windows whose one end falls inside a minute where no sample lies on that side."""
+    first = int(telemetry["ts"].min())
+    before_any = first - first % (60 * S) + 1  # inside the first minute, before its first sample
+    assert client.series("gpu.util", max_points=100, host="host-a", end=before_any).empty
+    assert client.series("gpu.util", max_points=100, host="host-a", start=int(telemetry["ts"].max()) + 1).empty
+    end = first + 90 * S
+    frame = client.series("gpu.util", max_points=100, host="host-a", gpu=0, end=end)
+    util = telemetry[(telemetry["gpu"] == 0) & (telemetry["metric"] == "gpu.util")]
+    _check(frame, _oracle(util, first, end, frame.attrs["bucket_ns"]))
+
+
+def test_an_open_window_over_expired_raw_samples_answers_from_rollups(
+    short_lived: tuple[Store, Client, ingest_pb2_grpc.IngestStub],
+) -> None:
+    store, client, ingest = short_lived
+    data = _telemetry()
+    _write(ingest, data)
+    store.execute("OPTIMIZE TABLE {db}.samples FINAL")
+    frame = client.series("gpu.util", max_points=30, host="host-a", gpu=1)
+    minute = 60 * S
+    assert frame["count"].sum() == len(data[(data["gpu"] == 1) & (data["metric"] == "gpu.util")])
+    assert int(frame["bucket_start"].iloc[0].value) <= int(data["ts"].min()) // minute * minute

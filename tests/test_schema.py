@@ -9,7 +9,7 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from ingest.migrations import MIGRATIONS, RETENTION_NAMES, TABLES_BY_NAME, script
+from ingest.migrations import MIGRATIONS, RETENTION_NAMES, TABLES_BY_NAME, retention, script
 from ingest.schema import Layout, Statement, parse_retention, render
 from ingest.store import Store, parse_store_url, with_password
 from tracehouse.cli import main
@@ -35,6 +35,13 @@ def test_every_statement_parses(store: Store, layout: Layout) -> None:
     for statement in statements:
         formatted = _parses(store, statement)
         assert formatted.split()[0] in ("CREATE", "ALTER", "INSERT", "TRUNCATE")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[::2], ids=("one", "cluster"))
+def test_columns_put_comment_before_codec(layout: Layout) -> None:
+    """ClickHouse before 26.8 takes a column's COMMENT only before its CODEC."""
+    for statement in script(layout):
+        assert not re.search(r"CODEC\([^\n]*\) COMMENT", statement), statement
 
 
 def test_a_typo_would_not_parse(store: Store) -> None:
@@ -81,7 +88,7 @@ def test_script_builds_a_store_that_serve_takes_as_is(tmp_path: Path) -> None:
         assert "TTL toDateTime(ts) + toIntervalSecond(604800)" in engine.column(0)[0].as_py()
 
 
-def test_retention_is_set_changed_and_removed(tmp_path: Path) -> None:
+def test_retention_is_set_changed_and_removed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     url = f"chdb://{tmp_path / 'store'}"
 
     def ttls() -> dict[str, str]:
@@ -94,6 +101,9 @@ def test_retention_is_set_changed_and_removed(tmp_path: Path) -> None:
     assert first["samples"] == "toDateTime(ts) + toIntervalSecond(2592000)"
     assert first["samples_1m"] == first["samples_1s"] == "toDateTime(ts) + toIntervalSecond(31536000)"
     assert first["events"] == "" and first["ingest_batches"] == "toDateTime(received) + toIntervalDay(90)"
+    caplog.clear()
+    assert ttls() == first
+    assert "retention of" not in caplog.text  # unchanged: no ALTER, which would rewrite the tables
     retention = parse_retention(["samples=2w", "samples_1s=forever"], RETENTION_NAMES)
     second = ttls()
     assert second["samples"] == "toDateTime(ts) + toIntervalSecond(1209600)"
@@ -119,6 +129,27 @@ def test_bad_retention_is_refused(entry: str, reason: str, capsys: pytest.Captur
     assert reason in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("entries", "reason"),
+    [
+        (["rollups=1h"], "samples_1s=1h would expire before samples (not given)"),
+        (["samples=30d", "rollups=1w"], "samples_1s=1w would expire before samples (30d)"),
+        (["samples=30d", "samples_1s=90d", "samples_1m=30d"], "samples_1m=30d would expire before samples_1s (90d)"),
+        (["samples=30d", "samples_1m=1y"], "samples_1m=1y would expire before samples_1s (not given)"),
+    ],
+)
+def test_a_rollup_kept_shorter_than_what_it_sums_up_is_refused(entries: list[str], reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        retention(entries)
+
+
+def test_retention_with_rollups_kept_longer() -> None:
+    assert retention(["samples=30d", "samples_1s=90d", "samples_1m=1y", "events=forever"]) == {
+        "samples": 30 * 86400, "samples_1s": 90 * 86400, "samples_1m": 365 * 86400, "events": 0
+    }  # fmt: skip
+    assert retention(["samples=2w", "rollups=forever"]) == {"samples": 14 * 86400, "samples_1s": 0, "samples_1m": 0}
+
+
 def test_schema_command_prints_statements_and_refuses_bad_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schema", "--cluster", "tracehouse", "--shards-by", "run_id", "--retention", "samples=30d"]) == 0
     out = capsys.readouterr().out
@@ -138,6 +169,7 @@ def test_steps_render_only_where_they_can_run() -> None:
 def test_store_password_from_a_file_or_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    assert with_password("http://us%40er@ch:8123", "x").startswith("http://us%40er:x@ch")
     url = with_password("https://reader@ch.example:8443/telemetry", "p@ss:w/rd")
     parsed = parse_store_url(url)
     assert parsed.database == "telemetry" and "p@ss" not in parsed.display and "***" in parsed.display

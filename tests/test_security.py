@@ -8,7 +8,9 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,13 +33,14 @@ from tests.helpers import T0, counts, request, telemetry
 from tests.test_agent import config as agent_config
 from tests.test_agent import sample_count
 from tracehouse import config
-from tracehouse.channel import ClientSecurity, client_security, open_channel
+from tracehouse.channel import ClientSecurity, client_security, open_channel, read_token
 from tracehouse.cli import main
 from tracehouse.model import Limits
 from tracehouse.security import (
     SecurityError,
     ServerSecurity,
     check_exposure,
+    is_loopback,
     load_server_tls,
     load_tokens,
     parse_tokens,
@@ -508,27 +511,124 @@ def test_ui_gets_its_credentials_from_the_environment_and_no_others(
     monkeypatch: pytest.MonkeyPatch, pki: Pki, token_files: dict[str, Path]
 ) -> None:
     monkeypatch.setenv(config.ENV_TLS_CA, str(pki.ca))  # this shell's, not the UI's
+    monkeypatch.setenv(config.ENV_STORE, "clickhouse://default@db:8123/tracehouse")  # the server's
+    monkeypatch.setenv(config.ENV_STORE_PASSWORD, "store-password-0123456789")
     environment = ui_environment("127.0.0.1:1", ClientSecurity(READ_TOKEN, token_file=token_files["read"]))
     assert environment[config.ENV_SERVER] == "127.0.0.1:1"
-    assert environment[config.ENV_TOKEN_FILE] == str(token_files["read"].resolve())
+    assert environment[config.ENV_TOKEN_FILE] == str(token_files["read"])
     assert config.ENV_TLS_CA not in environment and READ_TOKEN not in environment.values()
-    assert config.ENV_TLS_CA not in ui_environment("127.0.0.1:1", None)
+    assert config.ENV_STORE not in environment and config.ENV_STORE_PASSWORD not in environment
+    assert "store-password-0123456789" not in environment.values()
+    bare = ui_environment("127.0.0.1:1", None)
+    assert not {config.ENV_TLS_CA, config.ENV_STORE, config.ENV_STORE_PASSWORD} & set(bare)
 
 
-def test_up_gives_its_agent_and_ui_tokens_of_their_own_and_a_local_port(store: Store, limits: Limits, pki: Pki) -> None:
+def test_ui_token_file_follows_a_kubernetes_secret_link_when_it_is_updated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Secret's file is `token -> ..data/token`, `..data -> ..TIMESTAMP`; an update writes a new
+    timestamped folder, swings `..data` and deletes the old folder. The UI reads the file later."""
+    secret = tmp_path / "secret"
+    (secret / "..2025_01_01").mkdir(parents=True)
+    (secret / "..2025_01_01" / "token").write_text(READ_TOKEN)
+    (secret / "..data").symlink_to("..2025_01_01")
+    (secret / "token").symlink_to("..data/token")
+    monkeypatch.chdir(tmp_path)
+    handed = Path(ClientSecurity(READ_TOKEN, token_file=Path("secret/token")).environment()[config.ENV_TOKEN_FILE])
+    assert handed == secret / "token", "absolute, but not through the links"
+    (secret / "..2025_02_01").mkdir()
+    (secret / "..2025_02_01" / "token").write_text(WRITE_TOKEN)
+    (secret / "..data_tmp").symlink_to("..2025_02_01")
+    os.replace(secret / "..data_tmp", secret / "..data")
+    (secret / "..2025_01_01" / "token").unlink()
+    (secret / "..2025_01_01").rmdir()
+    assert read_token(handed) == WRITE_TOKEN
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1:50051", True),
+        ("127.1.2.3:1", True),
+        ("localhost:50051", True),
+        ("[::1]:50051", True),
+        ("unix:/tmp/tracehouse-x/grpc.sock", True),
+        ("unix-abstract:tracehouse", True),
+        ("0.0.0.0:50051", False),
+        ("[::]:50051", False),
+        ("10.0.0.5:50051", False),
+        ("127.example.com:50051", False),
+        ("tracehouse.example.com:443", False),
+    ],
+)
+def test_is_loopback(address: str, loopback: bool) -> None:
+    assert is_loopback(address) is loopback
+
+
+def test_a_token_sent_in_clear_text_beyond_this_machine_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture, pki: Pki
+) -> None:
+    remote = "192.0.2.17:50051"  # TEST-NET-1: never dialled, channels connect lazily
+    with caplog.at_level(logging.WARNING, "tracehouse.channel"):
+        for _ in range(2):
+            open_channel(remote, ClientSecurity(READ_TOKEN)).close()
+    warnings = [r for r in caplog.records if r.name == "tracehouse.channel"]
+    assert len(warnings) == 1 and remote in warnings[0].getMessage()
+    assert "clear text" in warnings[0].getMessage() and READ_TOKEN not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "tracehouse.channel"):
+        open_channel("192.0.2.18:50051", ClientSecurity()).close()  # no token
+        open_channel("192.0.2.19:50051", ClientSecurity(READ_TOKEN, ca=pki.ca)).close()  # TLS
+        for local in ("127.0.0.1:50051", "localhost:1", "0.0.0.0:1", "unix:/tmp/tracehouse-x/grpc.sock"):
+            open_channel(local, ClientSecurity(READ_TOKEN)).close()
+    assert not [r for r in caplog.records if r.name == "tracehouse.channel"]
+
+
+def test_up_gives_its_agent_and_ui_tokens_of_their_own_and_a_local_socket(
+    store: Store, limits: Limits, pki: Pki
+) -> None:
     up = Up(ui_port=None, demo=False)
     security = up.secure(ServerSecurity(parse_tokens(TOKENS), load_server_tls(pki.server, pki.server_key, None)))
-    assert security.local_plain_port and security.tokens is not None and len(security.tokens) == 5
+    assert security.local_socket and security.tokens is not None and len(security.tokens) == 5
     assert up.agent_token and up.ui_token
     assert security.tokens.scopes_of(up.agent_token) == {"write"}
     assert security.tokens.scopes_of(up.ui_token) == {"read"}
     server = create_server(store, "127.0.0.1:0", limits, security=security)
     try:
-        assert server.local_port
-        local = f"127.0.0.1:{server.local_port}"
+        assert server.local_address and server.local_address.startswith("unix:")
+        local = server.local_address
         write(local, up.agent_token)
         assert refused(lambda: write(local, None, batch="b2")).code() == grpc.StatusCode.UNAUTHENTICATED
         with Client(local, timeout=10, security=ClientSecurity(up.ui_token)) as client:
             assert client.sql("SELECT count() AS n FROM ingest_batches")["n"][0] == 1
     finally:
         server.stop(grace=1)
+
+
+def test_up_with_client_certificates_and_no_tokens_opens_no_port_to_other_users(
+    store: Store, limits: Limits, pki: Pki, tmp_path: Path
+) -> None:
+    """mTLS without --tokens: the agent's and the UI's way in is a unix socket in a folder only
+    this user may enter, not a TCP port that anyone on the machine could call without a certificate."""
+    up = Up(ui_port=None, demo=False)
+    security = up.secure(ServerSecurity(None, load_server_tls(pki.server, pki.server_key, pki.ca)))
+    assert security.local_socket and security.tokens is None and up.agent_token is None
+    server = create_server(store, "127.0.0.1:0", limits, security=security)
+    assert server.local_address is not None and server.local_folder is not None
+    folder = server.local_folder
+    try:
+        socket_path = Path(server.local_address.removeprefix("unix:"))
+        assert socket_path.parent == folder and stat.S_ISSOCK(socket_path.stat().st_mode)
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+        address = f"127.0.0.1:{server.port}"
+        assert refused(lambda: write(address, None, client_security(ca=pki.ca))).code() == grpc.StatusCode.UNAVAILABLE
+        agent = Agent(agent_config(server.local_address, tmp_path / "spool"), SimulatedBackend(1))
+        agent.start()
+        time.sleep(0.5)
+        report = agent.stop()
+        assert report["sampled"] and report["stored"] == report["sampled"]
+        with Client(server.local_address, timeout=10) as client:
+            assert client.sql("SELECT count() AS n FROM ingest_batches")["n"][0] >= 1
+    finally:
+        server.stop(grace=1)
+    assert not folder.exists(), "the socket's folder goes with the server"

@@ -25,6 +25,7 @@ import numpy as np
 
 from ingest.store import Store
 from ingest.validate import ValidatedBatch, validate_batch
+from tracehouse import config
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import create_server
@@ -200,7 +201,7 @@ def bench_agent(gpus: int, interval: float, seconds: float) -> dict[str, Any]:
                     "--interval", str(interval), "--duration", str(seconds),
                     "--server", f"127.0.0.1:{server.port}", "--spool", f"{folder}/spool",
                 ],
-                capture_output=True, text=True, check=True, timeout=seconds + 120,
+                env=_child_environment(folder), capture_output=True, text=True, check=True, timeout=seconds + 120,
             )  # fmt: skip
             report = json.loads(finished.stdout.strip().splitlines()[-1])
             stored = int(store.query("SELECT count() AS n FROM {db}.samples").column("n")[0].as_py())
@@ -269,15 +270,15 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         scanned = _scan(path, source_tables)
         scan_seconds = time.perf_counter() - started
         server = subprocess.Popen(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0"],
-            env={**os.environ, "TRACEHOUSE_HOME": folder, "PYTHONUNBUFFERED": "1"},
-            stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
+             "--store", f"chdb://{folder}/store"],
+            env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             address = _listening(server)
             importer = subprocess.Popen(
                 [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
-                stdout=subprocess.PIPE, text=True,
+                env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
             assert importer.stdout is not None
             peak_rss = _watch_rss(importer.pid)
@@ -293,8 +294,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
                     client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0]
                 )
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            _end(server)
     imported = sum(result["events"].values())
     scan_rate = scanned / scan_seconds
     import_rate = imported / import_seconds
@@ -335,6 +335,25 @@ def _watch_rss(pid: int) -> list[int]:
 
     threading.Thread(target=sample, daemon=True).start()
     return seen
+
+
+def _child_environment(folder: str) -> dict[str, str]:
+    """This environment for a child process of a benchmark, less the user's tracehouse settings
+    (store, password, server, credentials), with its home in the benchmark's `folder`."""
+    mine = {name: value for name, value in os.environ.items() if not name.startswith("TRACEHOUSE_")}
+    return mine | {config.ENV_HOME: folder, "PYTHONUNBUFFERED": "1"}
+
+
+def _end(process: Any, timeout: float = 60.0) -> None:
+    """Stop a child process: SIGTERM, and SIGKILL if it has not ended within `timeout` seconds."""
+    import subprocess
+
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _listening(server: Any) -> str:
@@ -494,9 +513,8 @@ def bench_load(agents: int, gpus: int, interval: float, seconds: float, max_pend
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
         server = subprocess.Popen(
             [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-             "--max-pending-bytes", str(max_pending_bytes)],
-            env={**os.environ, "TRACEHOUSE_HOME": folder, "PYTHONUNBUFFERED": "1"},
-            stderr=subprocess.PIPE, text=True,
+             "--store", f"chdb://{folder}/store", "--max-pending-bytes", str(max_pending_bytes)],
+            env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             address = _listening(server)
@@ -528,8 +546,7 @@ def bench_load(agents: int, gpus: int, interval: float, seconds: float, max_pend
 
             server_cpu = sum(psutil.Process(server.pid).cpu_times()[:2])
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            _end(server)
     sampled = sum(int(r["sampled"]) for r in reports)
     every = [call for mine in calls for call in mine]
     took = np.array([t for t, outcome in every if outcome is Outcome.STORED]) * 1000

@@ -2,11 +2,13 @@
 certificate), and the bearer token its calls carry.
 
 Options, then the environment (TRACEHOUSE_TOKEN_FILE, TRACEHOUSE_TLS_CA, TRACEHOUSE_TLS_CERT,
-TRACEHOUSE_TLS_KEY), then nothing: a CA turns TLS on; no token means calls carry none.
+TRACEHOUSE_TLS_KEY), then nothing: a CA turns TLS on; no token means calls carry none. A token
+sent without TLS to a server beyond this machine is logged as a warning, once for each server.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +18,16 @@ from typing import Any
 import grpc
 
 from tracehouse import config
-from tracehouse.security import SecurityError, check_certificates, check_key_pair, read_pem
+from tracehouse.security import (
+    SecurityError,
+    check_certificates,
+    check_key_pair,
+    error_reason,
+    is_loopback,
+    read_pem,
+)
+
+log = logging.getLogger("tracehouse.channel")
 
 # The server refused the caller, not the request: retrying with the same credentials cannot help.
 ACCESS_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
@@ -42,14 +53,16 @@ class ClientSecurity:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def environment(self) -> dict[str, str]:
-        """These settings as the variables that `client_security()` reads."""
+        """These settings as the variables that `client_security()` reads. Paths are made
+        absolute but not resolved: a Kubernetes Secret's file is a link through `..data`, which
+        kubelet points at a new folder (deleting the old) when the Secret changes."""
         paths = {
             config.ENV_TOKEN_FILE: self.token_file,
             config.ENV_TLS_CA: self.ca,
             config.ENV_TLS_CERT: self.cert,
             config.ENV_TLS_KEY: self.key,
         }
-        return {name: str(path.resolve()) for name, path in paths.items() if path is not None}
+        return {name: str(path.absolute()) for name, path in paths.items() if path is not None}
 
     def credentials(self) -> grpc.ChannelCredentials:
         assert self.ca is not None
@@ -62,8 +75,7 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as error:
-        reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
-        raise SecurityError(f"--token-file {path}: cannot read it: {reason}") from None
+        raise SecurityError(f"--token-file {path}: cannot read it: {error_reason(error)}") from None
     if not token:
         raise SecurityError(f"--token-file {path} is empty")
     if len(token.split()) == 2 and token.split()[0] in ("read", "write", "admin"):
@@ -108,10 +120,27 @@ def client_security(
 def open_channel(
     server: str, security: ClientSecurity | None = None, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.Channel:
-    """A channel to `server` (host:port): TLS when `security` names a CA."""
+    """A channel to `server` (host:port, or unix:PATH): TLS when `security` names a CA."""
     if security is not None and security.tls:
         return grpc.secure_channel(server, security.credentials(), options=list(options))
+    if security is not None and security.token:
+        warn_clear_text_token(server)
     return grpc.insecure_channel(server, options=list(options))
+
+
+_warned_servers: set[str] = set()
+
+
+def warn_clear_text_token(server: str) -> None:
+    """Warn, once for each server, that a token is about to leave this machine without TLS."""
+    unspecified = server.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::")  # dialled, it is this machine
+    if is_loopback(server) or unspecified or server in _warned_servers:
+        return
+    _warned_servers.add(server)
+    log.warning(
+        "sending a token to %s without TLS: it and the data travel in clear text; pass --tls-ca (%s)",
+        server, config.ENV_TLS_CA,
+    )  # fmt: skip
 
 
 def explain(code: grpc.StatusCode, details: str, server: str, security: ClientSecurity | None) -> str:

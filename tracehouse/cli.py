@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES
 from tracehouse import __version__, config
 from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, RUN_SOURCES
 from tracehouse.timefmt import parse_time
@@ -65,6 +66,12 @@ def _size(text: str) -> int:
     return int(number) * _SIZE_UNITS[unit]
 
 
+def _size_text(size: int) -> str:
+    """`size` as `_size` reads it, in the largest unit that divides it: 268435456 is 256M."""
+    unit = next((unit for unit in ("T", "G", "M", "K") if size % _SIZE_UNITS[unit] == 0), "")
+    return f"{size // _SIZE_UNITS[unit]}{unit}"
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -100,47 +107,38 @@ def _add_server_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_paths(group: Any, options: tuple[tuple[str, str, str], ...]) -> None:
+    for flag, metavar, text in options:
+        group.add_argument(flag, type=Path, default=None, metavar=metavar, help=text)
+
+
 def _add_client_security(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("security (TLS is on with --tls-ca)")
-    group.add_argument(
-        "--token-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"file holding a bearer token for the server (default ${config.ENV_TOKEN_FILE})",
+    _add_paths(
+        parser.add_argument_group("security (TLS is on with --tls-ca)"),
+        (
+            ("--token-file", "FILE", f"file holding a bearer token for the server (default ${config.ENV_TOKEN_FILE})"),
+            ("--tls-ca", "PEM", f"use TLS, trusting server certificates this CA signed (default ${config.ENV_TLS_CA})"),
+            (
+                "--tls-cert",
+                "PEM",
+                f"this client's certificate, for a server that wants one (default ${config.ENV_TLS_CERT})",
+            ),
+            ("--tls-key", "PEM", f"the private key of --tls-cert (default ${config.ENV_TLS_KEY})"),
+        ),
     )
-    group.add_argument(
-        "--tls-ca",
-        type=Path,
-        default=None,
-        metavar="PEM",
-        help=f"use TLS, trusting server certificates this CA signed (default ${config.ENV_TLS_CA})",
-    )
-    group.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        metavar="PEM",
-        help=f"this client's certificate, for a server that wants one (default ${config.ENV_TLS_CERT})",
-    )
-    group.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
-                       help=f"the private key of --tls-cert (default ${config.ENV_TLS_KEY})")  # fmt: skip
 
 
 def _add_server_security(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("security")
-    group.add_argument(
-        "--tokens",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="bearer tokens, a 'SCOPE TOKEN' line each (SCOPE read, write or admin; see "
-        "`tracehouse token`); required to listen beyond loopback",
-    )
-    group.add_argument("--tls-cert", type=Path, default=None, metavar="PEM", help="serve TLS with this certificate")
-    group.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the private key of --tls-cert")
-    group.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
-                       help="require client certificates signed by this CA (mTLS)")  # fmt: skip
+    _add_paths(
+        parser.add_argument_group("security"),
+        (
+            ("--tokens", "FILE", "bearer tokens, a 'SCOPE TOKEN' line each (SCOPE read, write or admin; see "
+             "`tracehouse token`); required to listen beyond loopback"),
+            ("--tls-cert", "PEM", "serve TLS with this certificate"),
+            ("--tls-key", "PEM", "the private key of --tls-cert"),
+            ("--tls-client-ca", "PEM", "require client certificates signed by this CA (mTLS)"),
+        ),
+    )  # fmt: skip
 
 
 def _add_layout(parser: argparse.ArgumentParser) -> None:
@@ -200,7 +198,7 @@ def _add_serve(commands: Any) -> None:
         parser.add_argument(
             "--max-pending-bytes",
             type=_size,
-            default="256M",  # ingest.admission.DEFAULT_MAX_PENDING_BYTES
+            default=_size_text(DEFAULT_MAX_PENDING_BYTES),
             metavar="SIZE",
             help="bytes of writes accepted but not yet stored; past it writers are told to retry later "
             "(default %(default)s)",
@@ -414,7 +412,7 @@ def _add_bench(commands: Any) -> None:
     load.add_argument(
         "--max-pending-bytes",
         type=_size,
-        default="256M",
+        default=_size_text(DEFAULT_MAX_PENDING_BYTES),
         metavar="SIZE",
         help="the server's bound (default %(default)s)",
     )
@@ -624,16 +622,16 @@ def _store_url(args: argparse.Namespace) -> str:
             return with_password(url, path.read_text().rstrip("\r\n"))
         except OSError as error:
             raise ValueError(f"--store-password-file {path}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--store-password-file {path}: not UTF-8 text") from None
     password = os.environ.get(config.ENV_STORE_PASSWORD)
     return with_password(url, password) if password and not url.startswith("chdb://") else url
 
 
 def _layout(args: argparse.Namespace) -> dict[str, Any]:
-    from ingest.migrations import RETENTION_NAMES
-    from ingest.schema import parse_retention
+    from ingest.migrations import retention
 
-    retention = parse_retention(args.retention, RETENTION_NAMES)
-    return {"cluster": args.cluster, "shards_by": args.shards_by, "retention": retention}
+    return {"cluster": args.cluster, "shards_by": args.shards_by, "retention": retention(args.retention)}
 
 
 def run_schema(args: argparse.Namespace) -> int:

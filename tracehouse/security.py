@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
+import ipaddress
 import logging
 import secrets
 from collections.abc import Callable, Iterable
@@ -112,14 +113,15 @@ def load_tokens(path: Path) -> Tokens:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
-        raise SecurityError(f"--tokens {path}: cannot read it: {_reason(error)}") from None
+        raise SecurityError(f"--tokens {path}: cannot read it: {error_reason(error)}") from None
     tokens = parse_tokens(text, f"--tokens {path}")
     if path.stat().st_mode & 0o007:  # a group may need it: Kubernetes mounts secrets 0440
         log.warning("--tokens %s can be read by every user of this machine: chmod o-rwx it", path)
     return tokens
 
 
-def _reason(error: Exception) -> str:
+def error_reason(error: Exception) -> str:
+    """Why a file could not be read, without the path (the message names it with its option)."""
     return (error.strerror if isinstance(error, OSError) else None) or str(error)
 
 
@@ -127,7 +129,7 @@ def read_pem(path: Path, flag: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as error:
-        raise SecurityError(f"{flag} {path}: cannot read it: {_reason(error)}") from None
+        raise SecurityError(f"{flag} {path}: cannot read it: {error_reason(error)}") from None
 
 
 def _date(moment: dt.datetime) -> str:
@@ -213,9 +215,10 @@ class ServerSecurity:
 
     tokens: Tokens | None = None
     tls: ServerTls | None = None
-    # also take plain-text calls on a 127.0.0.1 port of its own: `tracehouse up`'s agent and UI,
-    # which hold neither the CA nor a client certificate; tokens still apply there
-    local_plain_port: bool = False
+    # also take plain-text calls on a unix socket in a folder of its own (mode 700, so only this
+    # user may connect): `tracehouse up`'s agent and UI, which hold neither the CA nor a client
+    # certificate; tokens, when set, still apply there
+    local_socket: bool = False
 
 
 def load_server_security(
@@ -227,6 +230,19 @@ def load_server_security(
     return ServerSecurity(
         load_tokens(tokens) if tokens is not None else None, load_server_tls(tls_cert, tls_key, tls_client_ca)
     )
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (host:port, [v6]:port, or a gRPC unix: target) stays on this machine."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = address.removeprefix("dns:///").rsplit(":", 1)[0].strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_exposure(listen: str, security: ServerSecurity, loopback: bool) -> None:

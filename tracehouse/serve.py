@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,16 +27,16 @@ from ingest.validate import BatchError
 from query.service import QueryService
 from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
-from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure
+from tracehouse.pushback import TRANSPORT_MAX_BYTES
+from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure, is_loopback
 from tracehouse.v1 import ingest_pb2, query_pb2
 
 log = logging.getLogger("tracehouse.serve")
 
 INGEST = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
 QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]
-# gRPC refuses bigger messages itself (RESOURCE_EXHAUSTED) before our code sees them; below
-# this, a request over its limit gets INVALID_ARGUMENT from us, naming the limit.
-TRANSPORT_MAX_BYTES = 256 << 20
+# gRPC refuses messages over TRANSPORT_MAX_BYTES itself (RESOURCE_EXHAUSTED) before our code
+# sees them; below it, a request over its limit gets INVALID_ARGUMENT from us, naming the limit.
 SQL_REJECTION_CODES = {
     "readonly": grpc.StatusCode.PERMISSION_DENIED,
     "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,  # past a limit on time, memory or size
@@ -108,7 +111,8 @@ class Server:
     grpc_server: grpc.Server
     port: int
     health: health.HealthServicer
-    local_port: int | None = None  # plain text on 127.0.0.1, when ServerSecurity.local_plain_port
+    local_address: str | None = None  # `unix:PATH`, plain text, when ServerSecurity.local_socket
+    local_folder: Path | None = None  # the socket's private folder, removed at stop
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -119,6 +123,8 @@ class Server:
         """Refuse new calls, let calls in flight finish (up to `grace` seconds)."""
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
+        if self.local_folder is not None:
+            shutil.rmtree(self.local_folder, ignore_errors=True)
 
 
 def create_server(
@@ -130,7 +136,9 @@ def create_server(
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     security: ServerSecurity | None = None,
 ) -> Server:
-    """Build and start the server on `listen` (host:port; port 0 picks one)."""
+    """Build and start the server on `listen` (host:port; port 0 picks one). Writes may hold
+    three in four of the `workers` threads; the others answer queries and refuse, at once,
+    the writes beyond (ingest/admission.py)."""
     security = security or ServerSecurity()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
@@ -141,7 +149,8 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    add_service(server, INGEST, IngestService(store, Admission(max_pending_bytes)), limits.max_batch_bytes)
+    admission = Admission(max_pending_bytes, max_calls=max(1, workers * 3 // 4))
+    add_service(server, INGEST, IngestService(store, admission), limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -153,18 +162,21 @@ def create_server(
             port = server.add_secure_port(listen, security.tls.credentials())
         else:
             port = server.add_insecure_port(listen)
-        local_port = server.add_insecure_port("127.0.0.1:0") if security.local_plain_port else None
     except RuntimeError as error:
         raise OSError(f"cannot listen on {listen}: {error}") from error
+    local_folder = local_address = None
+    if security.local_socket:
+        local_folder = Path(tempfile.mkdtemp(prefix="tracehouse-"))  # mode 700: this user only
+        local_address = f"unix:{local_folder / 'grpc.sock'}"
+        try:
+            server.add_insecure_port(local_address)
+        except RuntimeError as error:
+            shutil.rmtree(local_folder, ignore_errors=True)
+            raise OSError(f"cannot listen on {local_address}: {error}") from error
     server.start()
-    running = Server(server, port, health_servicer, local_port)
+    running = Server(server, port, health_servicer, local_address, local_folder)
     running.set_serving(True)
     return running
-
-
-def is_loopback(listen: str) -> bool:
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 def describe(security: ServerSecurity) -> str:
@@ -232,7 +244,7 @@ def serve(
         )  # fmt: skip
         if on_ready is not None:
             try:
-                on_ready(f"127.0.0.1:{server.local_port}" if server.local_port else f"{host}:{server.port}")
+                on_ready(server.local_address or f"{host}:{server.port}")
             except BaseException:
                 if on_stop is not None:
                     on_stop()

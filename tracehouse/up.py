@@ -23,6 +23,8 @@ from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
 from tracehouse.security import TOKEN_BYTES, ServerSecurity
 
 UI_START_TIMEOUT_S = 60.0
+# Kept from the UI's process: clients' credentials (it gets its own) and the server's store settings.
+NOT_FOR_UI = (*SECURITY_VARIABLES, config.ENV_STORE, config.ENV_STORE_PASSWORD)
 
 
 def ui_command(port: int, address: str = "127.0.0.1") -> list[str]:
@@ -60,8 +62,8 @@ def start_ui(
 
 def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, str]:
     """This process's environment with the server's address and `security` as the variables
-    that the app's Client reads (and none of this process's own credentials)."""
-    inherited = {name: value for name, value in os.environ.items() if name not in SECURITY_VARIABLES}
+    that the app's Client reads (and none of this process's own credentials or store settings)."""
+    inherited = {name: value for name, value in os.environ.items() if name not in NOT_FOR_UI}
     return {**inherited, config.ENV_SERVER: server, **(security or ClientSecurity()).environment()}
 
 
@@ -99,14 +101,15 @@ class Up:
 
     def secure(self, security: ServerSecurity) -> ServerSecurity:
         """The server's settings plus what this process's agent and UI need: with tokens, a
-        write token and a read token of their own; with TLS, a plain-text 127.0.0.1 port."""
+        write token and a read token of their own; with TLS, a plain-text unix socket that only
+        this user can reach (no client certificate is needed there, whatever --tls-client-ca says)."""
         self.tls = security.tls is not None
         if security.tokens is None:
-            return dataclasses.replace(security, local_plain_port=self.tls)
+            return dataclasses.replace(security, local_socket=self.tls)
         self.agent_token = secrets.token_urlsafe(TOKEN_BYTES)
         self.ui_token = secrets.token_urlsafe(TOKEN_BYTES)
         tokens = security.tokens.adding(self.agent_token, "write").adding(self.ui_token, "read")
-        return dataclasses.replace(security, tokens=tokens, local_plain_port=self.tls)
+        return dataclasses.replace(security, tokens=tokens, local_socket=self.tls)
 
     def _ui_security(self) -> ClientSecurity:
         if self.ui_token is None:
@@ -144,7 +147,7 @@ class Up:
         flags = f"--server {address}" + (" --token-file FILE" if self.agent_token else "")
         if self.tls:
             lines.append(
-                f"  ({address} is plain text for this machine's agent and UI; use --listen's port with --tls-ca)"
+                f"  ({address} is plain text, for this user's processes only; elsewhere use --listen with --tls-ca)"
             )
         lines += [
             f"  tracehouse query runs {flags}",
