@@ -1,5 +1,9 @@
-"""Import an Nsight Systems export: read it in chunks, ship a batch per chunk, and make the
-run visible only once everything else is stored.
+"""Import a trace file: read it in chunks, ship a batch per chunk, and make the run visible
+only once everything else is stored.
+
+Two formats, told by content (agent/tracefile.py): Nsight Systems SQLite exports (agent/nsys.py)
+and PyTorch-profiler Kineto traces (agent/kineto.py). Both are a `Trace` to this module: the
+run, its batches and when it becomes visible are decided here, the same way for both.
 
 The run id comes from the file's content (and the host it is filed under), batch ids from
 (run, source, chunk): importing a file again stores nothing new, and an interrupted import
@@ -13,7 +17,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -22,8 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agent.gpu import describe_device
+from agent.gpu import DeviceInfo, describe_device
+from agent.kineto import KinetoTrace
 from agent.nsys import Export, Session, Source
+from agent.tracefile import Part, Trace, sniff
 from tracehouse.batch import BatchBuilder
 from tracehouse.v1 import batch_pb2
 
@@ -46,13 +52,14 @@ class ImportResult:
     devices: int = 0
     relative_time: bool = False
     seconds: float = 0.0
+    skipped: dict[str, int] = field(default_factory=dict)  # read but not imported, per reason
 
     def json(self) -> str:
         return json.dumps(self.__dict__)
 
 
-def run_id_of(session: Session, host: str) -> str:
-    return "nsys-" + hashlib.sha256(f"{session.digest}/{host}".encode()).hexdigest()[:24]
+def run_id_of(trace: Trace, host: str) -> str:
+    return f"{trace.source}-" + hashlib.sha256(f"{trace.digest}/{host}".encode()).hexdigest()[:24]
 
 
 def _describe(description: Mapping[str, Any]) -> str:
@@ -67,42 +74,49 @@ def import_export(
     tags: Mapping[str, str] | None = None,
     progress: Progress | None = None,
 ) -> ImportResult:
-    """Raises NsysError for a file that cannot be imported; nothing of it becomes visible."""
+    """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
+    (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible."""
     started = time.monotonic()
-    with Export(path) as export:
-        session = export.session
-        host = host or session.host or "unknown"
-        run_id = run_id_of(session, host)
-        result = ImportResult(file=str(path), run_id=run_id, relative_time=session.start_ns is None)
+    with open_trace(path) as trace:
+        host = host or trace.host or "unknown"
+        run_id = run_id_of(trace, host)
+        result = ImportResult(file=str(path), run_id=run_id, relative_time=trace.relative_time)
         run: dict[str, Any] = {
             "run_id": run_id,
-            "name": run_name or path.stem,
+            "name": run_name or trace.default_name(),
             "host": host,
-            "source": "nsys",
-            "start": session.offset_ns,
-            "relative_time": session.start_ns is None,
+            "source": trace.source,
+            "start": trace.start_ns,
+            "relative_time": trace.relative_time,
             "tags": dict(tags or {}),
-            "attrs": _attrs(path, session),
+            "attrs": trace.attrs(),
         }
         version = _describe(run)
-        sink.write(BatchBuilder(f"{run_id}/run/{version}/begin").add_run(**run, importing=True).build())
-        end = session.offset_ns
+        sink = _Declaring(sink, BatchBuilder(f"{run_id}/run/{version}/begin").add_run(**run, importing=True).build())
+        end = trace.start_ns
         threads: set[tuple[int, int]] = set()
-        for source in export.sources():
-            end = max(end, _ship_source(export, source, run_id, host, sink, result, threads, progress))
-        for number, chunk in enumerate(export.metric_chunks()):
+        for part in trace.parts():
+            end = max(end, _ship_part(part, run_id, host, sink, result, threads, progress))
+        for number, chunk in enumerate(trace.sample_chunks()):
             builder = BatchBuilder(f"{run_id}/gpu_metrics/{number:06d}", run_id=run_id, host=host)
             builder.add_samples(chunk.column("metric"), chunk.column("ts").to_numpy(),
                                 chunk.column("value").to_numpy(), gpu=chunk.column("gpu").to_numpy())  # fmt: skip
             sink.write(builder.build())
             result.samples += chunk.num_rows
-        names = _names(export, run_id, host, threads, session.offset_ns, result)
+        names = _names(trace, run_id, host, threads, trace.start_ns, result)
         if names is not None:
             sink.write(names)
-        export.check_unchanged()
+        trace.check_unchanged()
         sink.flush()  # everything else is stored before the run becomes visible
-        run["attrs"] = {**run["attrs"], **{f"events.{k}": str(v) for k, v in sorted(result.events.items())}}
-        final = BatchBuilder(f"{run_id}/run/{version}/end").add_run(**run, end=end, importing=False)
+        result.skipped = trace.skipped()
+        run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
+        run["attrs"] = {
+            **trace.attrs(),
+            **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
+            **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},
+        }
+        final = BatchBuilder(f"{run_id}/run/{version}/end")
+        final.add_run(**run, end=max(end, trace.start_ns), importing=False)
         sink.write(final.build())
         sink.flush()
     result.seconds = round(time.monotonic() - started, 3)
@@ -126,9 +140,28 @@ def _attrs(path: Path, session: Session) -> dict[str, str]:
     return attrs
 
 
-def _ship_source(
-    export: Export,
-    source: Source,
+class _Declaring:
+    """A sink that declares the run (importing, so that none of it is in any answer) just before
+    the first batch of its rows, and waits until that is stored: a file refused while its first
+    chunk is read (all of a small Kineto trace is read by then) leaves nothing stored."""
+
+    def __init__(self, sink: BatchSink, begin: batch_pb2.Batch) -> None:
+        self._sink = sink
+        self._begin: batch_pb2.Batch | None = begin
+
+    def write(self, batch: batch_pb2.Batch) -> None:
+        if self._begin is not None:
+            self._sink.write(self._begin)
+            self._sink.flush()
+            self._begin = None
+        self._sink.write(batch)
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+
+def _ship_part(
+    part: Part,
     run_id: str,
     host: str,
     sink: BatchSink,
@@ -136,12 +169,11 @@ def _ship_source(
     threads: set[tuple[int, int]],
     progress: Progress | None,
 ) -> int:
-    """Ship one source's chunks; returns the latest end seen."""
-    expected = export.estimated_rows(source) if progress else 0
+    """Ship one part's chunks; returns the latest end seen."""
     done = 0
     end = 0
-    for number, chunk in enumerate(prefetched(export.chunks(source))):
-        builder = BatchBuilder(f"{run_id}/{source.name}/{number:06d}", run_id=run_id, host=host)
+    for number, chunk in enumerate(prefetched(part.chunks)):
+        builder = BatchBuilder(f"{run_id}/{part.name}/{number:06d}", run_id=run_id, host=host)
         sink.write(builder.add_event_table(chunk).build())
         kinds = pc.value_counts(chunk.column("kind"))
         for kind, count in zip(kinds.field("values").to_pylist(), kinds.field("counts").to_pylist(), strict=True):
@@ -152,7 +184,7 @@ def _ship_source(
             threads.update((int(v) >> 24, int(v) & 0xFFFFFF) for v in pid_tid)
         done += chunk.num_rows
         if progress:
-            progress(source.name, done, max(done, expected))
+            progress(part.name, done, max(done, part.estimate(done)))
     return end
 
 
@@ -180,7 +212,7 @@ def prefetched(chunks: Iterator[T], depth: int = 2) -> Iterator[T]:
         except BaseException as error:  # handed to the consumer, raised there
             ready.put(error)
 
-    thread = threading.Thread(target=read, name="nsys-reader", daemon=True)
+    thread = threading.Thread(target=read, name="trace-reader", daemon=True)
     thread.start()
     try:
         while (item := ready.get()) is not _DONE:
@@ -193,16 +225,17 @@ def prefetched(chunks: Iterator[T], depth: int = 2) -> Iterator[T]:
 
 
 def _names(
-    export: Export, run_id: str, host: str, threads: set[tuple[int, int]], at: int, result: ImportResult
+    trace: Trace, run_id: str, host: str, threads: set[tuple[int, int]], at: int, result: ImportResult
 ) -> batch_pb2.Batch | None:
     """GPUs, and names of the processes and threads that own events; None when there are none."""
     builder = BatchBuilder(f"{run_id}/names", run_id=run_id, host=host)
-    for gpu in export.session.gpus:
+    gpus = trace.devices()
+    for gpu in gpus:
         describe_device(builder, host, run_id, gpu)
         result.devices += 1
     threads = {(pid, tid) for pid, tid in threads if pid or tid}
-    processes = export.process_names({pid for pid, _ in threads})
-    thread_names = export.thread_names(threads)
+    processes = trace.process_names({pid for pid, _ in threads})
+    thread_names = trace.thread_names(threads)
     rows: list[dict[str, Any]] = [
         {"kind": "process", "name": name, "pid": pid, "tid": 0} for pid, name in sorted(processes.items())
     ] + [{"kind": "thread", "name": name, "pid": pid, "tid": tid} for (pid, tid), name in sorted(thread_names.items())]
@@ -218,4 +251,73 @@ def _names(
             }
         )
         builder.add_event_table(table)
-    return builder.build() if rows or export.session.gpus else None
+    return builder.build() if rows or gpus else None
+
+
+def open_trace(path: Path) -> Trace:
+    """The file as a Trace, by its content: a SQLite file is an nsys export, JSON (plain or
+    gzip) a Kineto trace. Raises TraceFileError."""
+    if sniff(path) == "kineto":
+        return KinetoTrace(path)
+    return NsysTrace(path)
+
+
+class NsysTrace:
+    """An nsys export (agent/nsys.py Export) as a Trace."""
+
+    source = "nsys"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.export = Export(path)
+        session = self.export.session
+        self.digest = session.digest
+        self.host = session.host
+        self.start_ns = session.offset_ns
+        self.relative_time = session.start_ns is None
+
+    def __enter__(self) -> NsysTrace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.export.close()
+
+    def default_name(self) -> str:
+        return self.path.stem
+
+    def attrs(self) -> dict[str, str]:
+        return _attrs(self.path, self.export.session)
+
+    def parts(self) -> Iterator[Part]:
+        for source in self.export.sources():
+            yield Part(source.name, self.export.chunks(source), _estimate(self.export, source))
+
+    def sample_chunks(self) -> Iterator[pa.RecordBatch]:
+        return self.export.metric_chunks()
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        return self.export.session.gpus
+
+    def process_names(self, pids: set[int]) -> dict[int, str]:
+        return self.export.process_names(pids)
+
+    def thread_names(self, threads: set[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        return self.export.thread_names(threads)
+
+    def skipped(self) -> dict[str, int]:
+        return {}
+
+    def check_unchanged(self) -> None:
+        self.export.check_unchanged()
+
+
+def _estimate(export: Export, source: Source) -> Callable[[int], int]:
+    """The rows a source has, asked of the export on the first call only (a progress bar's)."""
+    known: list[int] = []
+
+    def estimate(_done: int) -> int:
+        if not known:
+            known.append(export.estimated_rows(source))
+        return known[0]
+
+    return estimate

@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agent.gpu import DeviceInfo
+from agent.tracefile import SQLITE_MAGIC, TraceFileError
 
 CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
-SQLITE_MAGIC = b"SQLite format 3\x00"
 NONE_32 = 4294967295  # "none" as nsys writes it in 32-bit columns
 PID = "(({col} >> 24) & 16777215)"
 TID = "({col} & 16777215)"
@@ -61,7 +61,7 @@ _VERSION_IN_PATH = re.compile(r"[Nn]sight[-_ ][Ss]ystems[/-](\d{4}\.\d+(?:\.\d+)
 API_SUFFIX = r"_v\d+$"
 
 
-class NsysError(Exception):
+class NsysError(TraceFileError):
     """The file cannot be imported; the message is one line a person can act on."""
 
 

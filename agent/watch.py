@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 
 from agent.importer import import_export
-from agent.nsys import NsysError
 from agent.spool import EncodedBatch
+from agent.tracefile import TraceFileError
 from tracehouse.batch import encode_request
 from tracehouse.v1 import batch_pb2
 
@@ -89,7 +89,7 @@ class FolderWatcher:
         try:
             result = import_export(path, self.sink, host=self.host)
             log.info("imported %s as run %s: %s", path.name, result.run_id, result.events)
-        except NsysError as error:
+        except TraceFileError as error:
             log.error("cannot import %s: %s", path.name, error)
         self._done[str(path)] = key
         self._save()

@@ -12,7 +12,8 @@ from query.window import Predicates
 
 GPU_WORK = ("kernel", "memcpy", "memset")
 WORK_KINDS = "(" + ", ".join(f"'{kind}'" for kind in GPU_WORK) + ")"  # as SQL
-RANGE_KINDS = "('nvtx', 'phase')"
+# ranges a person marked: NVTX ranges (nsys), and the phases and steps of tracehouse.training
+RANGE_KINDS = "('nvtx', 'phase', 'step')"
 NS = "toUnixTimestamp64Nano"
 PHASE_METRICS = {"sm_util": "gpu.util_pct", "mem_used": "gpu.mem_used_bytes", "power": "gpu.power_w"}
 
@@ -77,11 +78,11 @@ ORDER BY host, gpu"""
 
 
 def _ranges(where: Predicates, materialized: bool = False) -> str:
-    """CTE `ranges`: NVTX ranges and phases in the window. Materialized (computed once, not
-    once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
+    """CTE `ranges`: NVTX ranges, phases and steps in the window. Materialized (computed
+    once, not once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
     return f"""
 ranges AS {"MATERIALIZED " if materialized else ""}(
-    SELECT id AS range_id, run_id, host, name, pid, tid, depth, extras['style'] AS style,
+    SELECT id AS range_id, run_id, host, kind, name, pid, tid, depth, extras['style'] AS style,
            {NS}(start) AS rs, {NS}(end) AS re
     FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
 )"""
@@ -89,13 +90,14 @@ ranges AS {"MATERIALIZED " if materialized else ""}(
 
 def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
     """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (thread,
-    style, depth) never overlap, so per lane the latest range starting at or before the time
-    is the only candidate; every row is tried against every lane. The lane is joined on its
-    64-bit hash: one integer key is several times faster than five columns."""
+    kind, style, depth) never overlap, so per lane the latest range starting at or before
+    the time is the only candidate; every row is tried against every lane. (A step and the
+    phases inside it overlap at depth 0: their kinds keep them in lanes of their own.) The
+    lane is joined on its 64-bit hash: one integer key is several times faster than six columns."""
     return f"""
-(SELECT *, cityHash64(run_id, pid, tid, level.1, level.2) AS lane FROM ({left})
- ARRAY JOIN (SELECT groupUniqArray((style, depth)) FROM {ranges}) AS level) AS w
-ASOF INNER JOIN (SELECT *, cityHash64(run_id, pid, tid, style, depth) AS lane FROM {ranges}) AS r
+(SELECT *, cityHash64(run_id, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
+ ARRAY JOIN (SELECT groupUniqArray((kind, style, depth)) FROM {ranges}) AS level) AS w
+ASOF INNER JOIN (SELECT *, cityHash64(run_id, pid, tid, kind, style, depth) AS lane FROM {ranges}) AS r
     ON w.lane = r.lane AND w.{time} >= r.rs"""
 
 
@@ -147,7 +149,7 @@ def nvtx_gpu_ranges(where: Predicates, limit: int) -> Query:
 WITH {_ranges(where)},
 first_ranges AS (SELECT * FROM ranges ORDER BY rs, range_id LIMIT {{limit:UInt32}}),
 {_projection("first_ranges")}
-SELECT range_id, name, style, depth, pid, tid, rs AS start_ns, re AS end_ns, re - rs AS duration_ns,
+SELECT range_id, kind, name, style, depth, pid, tid, rs AS start_ns, re AS end_ns, re - rs AS duration_ns,
        first_start AS gpu_start_ns, last_end AS gpu_end_ns, projected AS gpu_duration_ns, ops AS gpu_ops,
        kernel_ops AS kernels
 FROM projection ORDER BY rs, range_id"""
@@ -159,9 +161,11 @@ def phases(where: Predicates) -> Query:
     the host's NVML telemetry inside them.
 
     A range belongs to the GPUs its process ran work on (all the host's GPUs when it ran
-    none). The range borders cut each GPU's time into segments. Busy time before each border
-    comes from one sorted pass over the work and the borders together; an instance's busy
-    time is the difference at its two borders. Each segment knows the set of names covering
+    none). Busy % is NULL for names whose ranges' runs have no GPU work on record (phases
+    declared by tracehouse.training without a trace): unknown, not idle. The range borders
+    cut each GPU's time into segments. Busy time before each border comes from one sorted
+    pass over the work and the borders together; an instance's busy time is the difference at
+    its two borders. Each segment knows the set of names covering
     it (its cover); one ASOF join puts each sample in its segment, so every sample is read
     once whatever the number of names, and counts once per name covering it."""
     metrics = ", ".join(f"'{m}'" for m in PHASE_METRICS.values())
@@ -252,8 +256,10 @@ named AS (
     GROUP BY name, key
 )
 SELECT s.name AS name, g.host AS host, g.gpu AS gpu, s.instances AS instances, s.total_ns AS total_ns,
-       if(s.total_ns > 0, 100 * s.busy_ns / s.total_ns, NULL) AS busy_pct, i.samples AS samples, {results}
-FROM (SELECT r.name AS name, key, count() AS instances, sum(length) AS total_ns, sum(busy) AS busy_ns
+       if(s.total_ns > 0 AND s.traced > 0, 100 * s.busy_ns / s.total_ns, NULL) AS busy_pct, i.samples AS samples,
+       {results}
+FROM (SELECT r.name AS name, key, count() AS instances, sum(length) AS total_ns, sum(busy) AS busy_ns,
+             countIf(r.run_id IN (SELECT run_id FROM process_gpus)) AS traced  -- runs with GPU work on record
       FROM spans AS s INNER JOIN ranges AS r USING (range_id) GROUP BY name, key) AS s
 INNER JOIN gpus AS g ON g.key = s.key
 LEFT JOIN named AS i ON i.name = s.name AND i.key = s.key

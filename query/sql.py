@@ -214,7 +214,8 @@ SUMMARIES: dict[str, SummaryKind] = {
     "kernels": SummaryKind(("kernel",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "api": SummaryKind(("cuda_api",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "memops": SummaryKind(("memcpy", "memset"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
-    "nvtx": SummaryKind(("nvtx",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    # NVTX ranges, and the phases and steps that tracehouse.training records
+    "nvtx": SummaryKind(("nvtx", "phase", "step"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "memsize": SummaryKind(("memcpy", "memset"), "toInt64(bytes)", "bytes"),
 }
 

@@ -252,9 +252,6 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
     """`tracehouse import` of a synthetic export of `events` events into a `tracehouse serve`,
     each its own process as in production, against a plain sqlite3 scan of the same tables
     in this process. The importer's peak memory comes from the kernel's accounting of it."""
-    import subprocess
-    import sys
-
     from agent.nsys import Export
     from agent.nsys_synthetic import Spec, write_export
 
@@ -269,32 +266,8 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         started = time.perf_counter()
         scanned = _scan(path, source_tables)
         scan_seconds = time.perf_counter() - started
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-             "--store", f"chdb://{folder}/store"],
-            env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            address = _listening(server)
-            importer = subprocess.Popen(
-                [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
-                env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert importer.stdout is not None
-            peak_rss = _watch_rss(importer.pid)
-            output = importer.stdout.read()
-            if importer.wait() != 0:
-                raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
-            result = json.loads(output.strip().splitlines()[-1])
-            import_seconds = result["seconds"]
-            from query.client import Client
-
-            with Client(address) as client:
-                stored = int(
-                    client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0]
-                )
-        finally:
-            _end(server)
+        result, stored, peak_rss = _import_in_processes(path, folder)
+    import_seconds = result["seconds"]
     imported = sum(result["events"].values())
     scan_rate = scanned / scan_seconds
     import_rate = imported / import_seconds
@@ -314,6 +287,81 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
             "events_per_s": GOAL_IMPORT_EVENTS_PER_S,
             "met": import_rate / scan_rate >= GOAL_IMPORT_RATIO and import_rate >= GOAL_IMPORT_EVENTS_PER_S,
         },
+    }
+
+
+def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, list[int]]:
+    """`tracehouse import` of `path` into a `tracehouse serve` on a store in `folder`, each its own
+    process: the importer's JSON line, the events stored, and the importer's sampled memory."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
+         "--store", f"chdb://{folder}/store"],
+        env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        address = _listening(server)
+        importer = subprocess.Popen(
+            [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
+            env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert importer.stdout is not None
+        peak_rss = _watch_rss(importer.pid)
+        output = importer.stdout.read()
+        if importer.wait() != 0:
+            raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
+        result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+        from query.client import Client
+
+        with Client(address) as client:
+            stored = int(client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0])
+    finally:
+        _end(server)
+    return result, stored, peak_rss
+
+
+def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
+    """`tracehouse import` of a PyTorch-profiler trace (a synthetic one, gzip, of about `events`
+    events, unless given one) into a `tracehouse serve`, each its own process as in production,
+    against a plain `json.load` of the same file in this process (Python's C decoder, gzip
+    included; it holds the whole trace in memory, as the importer does not)."""
+    import gzip
+
+    from agent.kineto_synthetic import KinetoSpec, events_per_step, write_trace
+    from agent.tracefile import GZIP_MAGIC
+
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        if path is None:
+            path = Path(folder) / "synthetic.pt.trace.json.gz"
+            write_trace(path, KinetoSpec(steps=max(1, events // events_per_step(KinetoSpec()))))
+        file_bytes = path.stat().st_size
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == GZIP_MAGIC
+        started = time.perf_counter()
+        with gzip.open(path, "rt", encoding="utf-8") if gzipped else path.open(encoding="utf-8") as text:
+            trace = json.load(text)
+        in_file = len(trace["traceEvents"] if isinstance(trace, dict) else trace)
+        load_seconds = time.perf_counter() - started
+        del trace
+        result, stored, peak_rss = _import_in_processes(path, folder)
+    imported = sum(result["events"].values())
+    import_rate = in_file / result["seconds"]
+    load_rate = in_file / load_seconds
+    return {
+        **_stamp("import-kineto", "ijson"),
+        "file_bytes": file_bytes,
+        "json_load_events": in_file,
+        "events": imported,
+        "skipped": result["skipped"],
+        "stored_events": stored,
+        "import_seconds": round(result["seconds"], 2),
+        "import_events_per_s": round(import_rate),
+        "json_load_seconds": round(load_seconds, 2),
+        "json_load_events_per_s": round(load_rate),
+        "ratio": round(import_rate / load_rate, 3),
+        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
     }
 
 
@@ -599,7 +647,10 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0 if result["sent_rows"] == result["stored_rows"] else 1
     if args.what == "import":
-        result = bench_import(args.events, args.file)
+        if args.kineto:
+            result = bench_import_kineto(args.events or 1_000_000, args.file)
+        else:
+            result = bench_import(args.events or 5_000_000, args.file)
         print(json.dumps(result, indent=2))
         return 0 if result["events"] == result["stored_events"] else 1
     if args.what == "query":
@@ -620,4 +671,12 @@ def main(args: argparse.Namespace) -> int:
         result = bench_load(args.agents, args.gpus, args.interval, args.seconds, args.max_pending_bytes)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
+    if args.what == "train":
+        from tracehouse.bench_train import bench_train
+
+        result = bench_train(args.calls, args.rounds)
+        print(json.dumps(result, indent=2))
+        up, down = result["server_up"], result["server_down"]
+        kept = up["stored_steps"] == up["recorded_steps"] and up["dropped_records"] == down["dropped_records"] == 0
+        return 0 if kept else 1
     raise AssertionError(args.what)

@@ -264,8 +264,13 @@ def _tag(text: str) -> tuple[str, str]:
 
 
 def _add_import(commands: Any) -> None:
-    imports = commands.add_parser("import", help="import Nsight Systems SQLite exports")
-    imports.add_argument("files", nargs="+", type=Path, metavar="FILE", help="nsys export --type sqlite output")
+    imports = commands.add_parser(
+        "import", help="import Nsight Systems SQLite exports and PyTorch-profiler (Kineto) traces"
+    )
+    imports.add_argument(
+        "files", nargs="+", type=Path, metavar="FILE",
+        help="nsys export --type sqlite output, or a PyTorch-profiler trace (.json or .json.gz)",
+    )  # fmt: skip
     _add_server_option(imports)
     imports.add_argument("--run-name", default="", help="name of the run (default: the file name)")
     imports.add_argument("--host", default="", help="host to file it under (default: the one the export names)")
@@ -273,6 +278,18 @@ def _add_import(commands: Any) -> None:
         "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several"
     )
     _add_client_security(imports)
+
+
+def _add_demo_train(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo-train", help="train a small PyTorch model, recorded and profiled, then import its trace (needs torch)"
+    )
+    demo.add_argument("--steps", type=_positive, default=30, help="training steps (default %(default)s)")
+    _add_server_option(demo)
+    demo.add_argument(
+        "--trace-dir", type=Path, default=None, metavar="DIR", help="keep the profiler's trace here (default: removed)"
+    )
+    _add_client_security(demo)
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
@@ -389,9 +406,16 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--batch-rows", type=_positive, default=100_000)
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
-    nsys = sub.add_parser("import", help="events/s importing an Nsight Systems export vs a sqlite3 scan")
-    nsys.add_argument("--events", type=_positive, default=5_000_000, help="size of the synthetic export")
-    nsys.add_argument("--file", type=Path, default=None, help="an export to import instead of a synthetic one")
+    nsys = sub.add_parser(
+        "import", help="events/s importing an Nsight Systems export vs a sqlite3 scan (--kineto: a PyTorch trace)"
+    )
+    nsys.add_argument(
+        "--events", type=_positive, default=None, help="size of the synthetic file (default 5 M; with --kineto, 1 M)"
+    )
+    nsys.add_argument("--file", type=Path, default=None, help="a file to import instead of a synthetic one")
+    nsys.add_argument(
+        "--kineto", action="store_true", help="a PyTorch-profiler trace (JSON), against a plain json.load of it"
+    )
     query = sub.add_parser("query", help="latency of the analyses on one big synthetic run")
     query.add_argument("--kernels", type=_positive, default=10_000_000, help="kernels (and as many API calls)")
     query.add_argument("--ranges", type=_positive, default=1_000_000, help="NVTX ranges")
@@ -404,6 +428,11 @@ def _add_bench(commands: Any) -> None:
     storage.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs (default %(default)s)")
     storage.add_argument("--minutes", type=_seconds, default=60.0, help="of telemetry at 10 Hz (default %(default)s)")
     storage.add_argument("--steps", type=_positive, default=10_000, help="training steps of the synthetic trace")
+    train = sub.add_parser("train", help="ns per step()/phase()/scalar() call of the training API, server up and down")
+    train.add_argument(
+        "--calls", type=_positive, default=100_000, help="calls per round, at most 262144 (default %(default)s)"
+    )
+    train.add_argument("--rounds", type=_positive, default=5, help="(default %(default)s)")
     load = sub.add_parser("load", help="many simulated agents against one server: values/s, write latency, memory")
     load.add_argument("--agents", type=_positive, default=32)
     load.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs per agent")
@@ -438,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     _add_agent(commands)
     _add_import(commands)
+    _add_demo_train(commands)
     _add_query(commands)
     _add_bench(commands)
     _add_token(commands)
@@ -555,9 +585,26 @@ def run_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_demo_train(args: argparse.Namespace) -> int:
+    import json
+
+    from tracehouse.demo_train import TorchMissing, train
+
+    try:
+        result = train(args.steps, args.server or config.default_server(), _client_security(args), args.trace_dir)
+    except TorchMissing as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(result), flush=True)
+    if "import_error" in result:
+        print(f"tracehouse: the profiler's trace was not imported: {result['import_error']}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return 0
+
+
 def run_import(args: argparse.Namespace) -> int:
     from agent.importer import import_export
-    from agent.nsys import NsysError
+    from agent.tracefile import TraceFileError
     from agent.writer import BatchWriter, WriteFailed
 
     writer = BatchWriter(args.server or config.default_server(), _client_security(args))
@@ -567,7 +614,7 @@ def run_import(args: argparse.Namespace) -> int:
             progress = _Progress(path.name) if sys.stderr.isatty() else None
             try:
                 result = import_export(path, writer, args.run_name, args.host, dict(args.tag), progress)
-            except NsysError as error:
+            except TraceFileError as error:
                 print(f"tracehouse: {error}", file=sys.stderr)
                 status = max(status, EXIT_USAGE)
                 continue
@@ -733,6 +780,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_import(args)
     if args.command == "schema":
         return run_schema(args)
+    if args.command == "demo-train":
+        return run_demo_train(args)
     if args.command == "bench":
         from tracehouse import bench
 

@@ -140,6 +140,7 @@ class Up:
 
             runs = load_demo(address, socket.gethostname(), started, gpus=len(backend.indices()), security=own)
             print(f"tracehouse: imported the demo runs {', '.join(r.run_id for r in runs)}", file=sys.stderr)
+            self._demo_train(address, own)
         lines = [f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}"]
         if self.ui_port is not None:
             self.ui = start_ui(address, self.ui_port, security=self._ui_security())
@@ -155,6 +156,22 @@ class Up:
             "Ctrl-C stops it.",
         ]
         print("\n".join(lines), flush=True)
+
+    @staticmethod
+    def _demo_train(address: str, security: ClientSecurity) -> None:
+        """Where torch is installed, a real workload too: `tracehouse demo-train`."""
+        from tracehouse import demo_train
+
+        if not demo_train.torch_available():
+            print("tracehouse: `pip install torch` would add a real training run to --demo", file=sys.stderr)
+            return
+        try:
+            result = demo_train.train(server=address, security=security)
+        except Exception as error:  # the demo is a bonus: up goes on without it
+            print(f"tracehouse: demo-train failed: {error}", file=sys.stderr)
+            return
+        imported = result["import"]["run_id"] if result.get("import") else result.get("import_error", "not imported")
+        print(f"tracehouse: trained the demo run {result['run_id']} (its profile: {imported})", file=sys.stderr)
 
     def stop(self) -> None:
         if self.ui is not None:

@@ -25,7 +25,7 @@ KIND_COLORS = {"kernel": "#4e79a7", "memcpy": "#f28e2b", "memset": "#edc948", "c
 METRIC_ROW_PX = 170
 LANE_ROW_PX = 24
 SCATTERGL_FROM_POINTS = 20_000  # SVG is smoother below, WebGL keeps up above
-LANE_ORDER = {"gpu": 0, "nvtx": 1, "phase": 1, "cuda_api": 2}
+LANE_ORDER = {"gpu": 0, "nvtx": 1, "phase": 1, "step": 1, "cuda_api": 2}
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
         index = part.index
         begin = window.seconds(starts[index])
         length = (ends[index] - starts[index]).to_numpy() / NS_PER_S
-        colors = part["name"].map(color_of) if kind in ("nvtx", "phase") else KIND_COLORS.get(str(kind), "#888")
+        colors = part["name"].map(color_of) if kind in ("nvtx", "phase", "step") else KIND_COLORS.get(str(kind), "#888")
         details = np.stack(
             [
                 part["name"].astype(str).str.slice(0, 200).map(html.escape),

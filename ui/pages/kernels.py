@@ -14,7 +14,7 @@ SUMMARIES = {  # tab: (summary, what it lists)
     "Kernels": ("kernels", "kernels"),
     "CUDA API": ("api", "CUDA API calls"),
     "Memory ops": ("memops", "memory operations"),
-    "NVTX": ("nvtx", "NVTX ranges"),
+    "NVTX": ("nvtx", "NVTX ranges, phases and steps"),
 }
 
 st.title("Kernels & phases")

@@ -16,7 +16,7 @@ from ui.view import selected
 POINTS = 1500  # per series, and buckets per lane: about a wide screen's pixels
 EXACT_EVENTS = 4000  # up to this many events in the window are drawn one by one,
 CROWDED = 2  # unless a lane has more than this many in one bucket (about a pixel)
-LANE_KINDS = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "sync", "phase")
+LANE_KINDS = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "phase", "step", "sync")
 
 st.title("Timeline")
 stop_if_empty()
@@ -34,7 +34,7 @@ metrics = st.multiselect(
 )
 if metrics != shown:
     show(replace(view, metrics=tuple(metrics)))
-kinds = st.multiselect("Lanes", LANE_KINDS, default=LANE_KINDS[:6], help="kinds of events drawn below the series")
+kinds = st.multiselect("Lanes", LANE_KINDS, default=LANE_KINDS, help="kinds of events drawn below the series")
 zoom_buttons(scope, "timeline")
 
 series = ask("series", metrics, max_points=POINTS, **window) if metrics else None
