@@ -51,3 +51,14 @@ def test_bench_storage_measures_what_it_stored() -> None:
     assert events["compression"] == pytest.approx(events["uncompressed"] / events["compressed"], rel=1e-2)
     summed = result["rollups"]["samples_1m"]["rows"]
     assert 0 < summed < result["rollups"]["samples_1s"]["rows"] < samples["rows"]
+
+
+def test_bench_train_measures_calls_with_the_server_up_and_away() -> None:
+    from tracehouse.bench_train import bench_train
+
+    result = bench_train(calls=2_000, rounds=2)
+    up, down = result["server_up"], result["server_down"]
+    assert up["stored_steps"] == up["recorded_steps"] == 2 * 2_000 and up["dropped_records"] == 0
+    assert down["spooled_batches"] > 0 and down["dropped_records"] == 0
+    assert all(side[name] > 0 for side in (up, down) for name in ("step_ns", "phase_ns", "scalar_ns"))
+    assert result["goal"]["met"] == (max(up["step_ns"], down["step_ns"]) < result["goal"]["step_ns"])

@@ -4,6 +4,7 @@ the same data, printed as JSON. Ratios hold on noisy machines; absolute times do
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -296,13 +297,7 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
     import subprocess
     import sys
 
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-         "--store", f"chdb://{folder}/store"],
-        env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        address = _listening(server)
+    with serving(folder) as (address, _):
         importer = subprocess.Popen(
             [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
             env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
@@ -317,8 +312,6 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
 
         with Client(address) as client:
             stored = int(client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0])
-    finally:
-        _end(server)
     return result, stored, peak_rss
 
 
@@ -402,6 +395,23 @@ def _end(process: Any, timeout: float = 60.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+@contextlib.contextmanager
+def serving(folder: str, *options: str) -> Iterator[tuple[str, Any]]:
+    """`tracehouse serve` as a child process on an embedded store in `folder`: its address and process."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
+         "--store", f"chdb://{folder}/store", *options],
+        env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield _listening(server), server
+    finally:
+        _end(server)
 
 
 def _listening(server: Any) -> str:
@@ -549,8 +559,6 @@ def bench_load(agents: int, gpus: int, interval: float, seconds: float, max_pend
     `tracehouse serve` process on a temporary embedded store. The baseline is the rate the
     agents offer, measured in the same window as the rate the server accepts. Then the agents
     stop, shipping what they hold, and the store is counted through the Query service."""
-    import subprocess
-    import sys
 
     from agent.daemon import Agent, AgentConfig
     from agent.shipper import Outcome
@@ -558,43 +566,37 @@ def bench_load(agents: int, gpus: int, interval: float, seconds: float, max_pend
     from query.client import Client
 
     drain_timeout = max(60.0, 4 * seconds)  # for the backlog of a server that fell behind
-    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-             "--store", f"chdb://{folder}/store", "--max-pending-bytes", str(max_pending_bytes)],
-            env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            address = _listening(server)
-            fleet = [
-                Agent(
-                    AgentConfig(
-                        server=address, spool=Path(folder) / "spool" / f"{i:03d}", interval=interval,
-                        run_name="load", host=f"load-{i:03d}", host_metrics=False, shutdown_timeout=drain_timeout,
-                    ),
-                    SimulatedBackend(gpus),
-                )
-                for i in range(agents)
-            ]  # fmt: skip
-            calls: list[list[tuple[float, Outcome]]] = [[] for _ in fleet]  # one list per shipper thread
-            for agent, mine in zip(fleet, calls, strict=True):
-                agent.shipper.on_write = lambda took, outcome, mine=mine: mine.append((took, outcome))
-            for agent in fleet:
-                agent.start()
-            started, (sampled_before, stored_before) = time.monotonic(), _sums(fleet)
-            time.sleep(seconds)
-            window, (sampled_after, stored_after) = time.monotonic() - started, _sums(fleet)
-            with ThreadPoolExecutor(len(fleet)) as pool:
-                reports = list(pool.map(lambda agent: agent.stop(), fleet))
-            drain_seconds = time.monotonic() - started - window
-            with Client(address, timeout=120) as client:
-                stored = int(client.sql("SELECT count() AS n FROM samples")["n"][0])
-            peak_mb, end_mb = _proc_status_mb(server.pid, "VmHWM"), _proc_status_mb(server.pid, "VmRSS")
-            import psutil
+    with (
+        tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder,
+        serving(folder, "--max-pending-bytes", str(max_pending_bytes)) as (address, server),
+    ):
+        fleet = [
+            Agent(
+                AgentConfig(
+                    server=address, spool=Path(folder) / "spool" / f"{i:03d}", interval=interval,
+                    run_name="load", host=f"load-{i:03d}", host_metrics=False, shutdown_timeout=drain_timeout,
+                ),
+                SimulatedBackend(gpus),
+            )
+            for i in range(agents)
+        ]  # fmt: skip
+        calls: list[list[tuple[float, Outcome]]] = [[] for _ in fleet]  # one list per shipper thread
+        for agent, mine in zip(fleet, calls, strict=True):
+            agent.shipper.on_write = lambda took, outcome, mine=mine: mine.append((took, outcome))
+        for agent in fleet:
+            agent.start()
+        started, (sampled_before, stored_before) = time.monotonic(), _sums(fleet)
+        time.sleep(seconds)
+        window, (sampled_after, stored_after) = time.monotonic() - started, _sums(fleet)
+        with ThreadPoolExecutor(len(fleet)) as pool:
+            reports = list(pool.map(lambda agent: agent.stop(), fleet))
+        drain_seconds = time.monotonic() - started - window
+        with Client(address, timeout=120) as client:
+            stored = int(client.sql("SELECT count() AS n FROM samples")["n"][0])
+        peak_mb, end_mb = _proc_status_mb(server.pid, "VmHWM"), _proc_status_mb(server.pid, "VmRSS")
+        import psutil
 
-            server_cpu = sum(psutil.Process(server.pid).cpu_times()[:2])
-        finally:
-            _end(server)
+        server_cpu = sum(psutil.Process(server.pid).cpu_times()[:2])
     sampled = sum(int(r["sampled"]) for r in reports)
     every = [call for mine in calls for call in mine]
     took = np.array([t for t, outcome in every if outcome is Outcome.STORED]) * 1000

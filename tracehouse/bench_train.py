@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tracehouse import training
-from tracehouse.bench import _child_environment, _end, _listening, _stamp
+from tracehouse.bench import _stamp, serving
 from tracehouse.channel import ClientSecurity
 
 GOAL_STEP_NS = 5_000
@@ -104,20 +102,12 @@ def bench_train(calls: int, rounds: int) -> dict[str, Any]:
     plain = ClientSecurity()
     baselines = _baselines(calls, rounds)
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-             "--store", f"chdb://{folder}/store"],
-            env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            address = _listening(server)
+        with serving(folder) as (address, _):
             up = _measure(training.run("bench-train", server=address, security=plain, spool=Path(folder) / "up",
                                        nvtx=False), calls, rounds)  # fmt: skip
             with Client(address) as client:
                 stored = int(client.sql(f"SELECT count() AS n FROM events WHERE run_id = '{up['report']['run_id']}' "
                                         "AND kind = 'step'")["n"][0])  # fmt: skip
-        finally:
-            _end(server)
         down = _measure(training.run("bench-train-offline", server=_closed_port(), security=plain,
                                      spool=Path(folder) / "down", nvtx=False), calls, rounds)  # fmt: skip
     worst_step = max(up["step_ns"], down["step_ns"])
