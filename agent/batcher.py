@@ -1,7 +1,7 @@
 """Collects the sampler's readings and closes a batch by size or by age.
 
-Batch ids are `RUN_ID/SEQUENCE`: fixed when the batch is closed, so a batch re-sent after
-any failure, from memory or from the spool, is stored once.
+Batch ids are `RUN_ID/SEQUENCE` (or `PREFIX/SEQUENCE`): fixed when the batch is closed, so
+a batch re-sent after any failure, from memory or from the spool, is stored once.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ class Batcher:
         max_values: int = 50_000,
         max_age: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
+        batch_prefix: str | None = None,
     ) -> None:
+        """batch_prefix: instead of the run id before the sequence number in batch ids, where one
+        run id may be used by several producers (each needs ids of its own)."""
         self.run_id = run_id
+        self.batch_prefix = batch_prefix or run_id
         self.host = host
         self._emit = emit
         self._max_values = max_values
@@ -98,7 +102,7 @@ class Batcher:
                 self._opened = self._monotonic()
                 return None
             self._sequence += 1
-            builder = BatchBuilder(f"{self.run_id}/{self._sequence:08d}", run_id=self.run_id, host=self.host)
+            builder = BatchBuilder(f"{self.batch_prefix}/{self._sequence:08d}", run_id=self.run_id, host=self.host)
             values = len(self._ts)
             if values:
                 builder.add_samples(self._metric, self._ts, self._value, gpu=self._gpu, pid=self._pid)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.batcher import Batcher
@@ -20,10 +18,9 @@ from agent.shipper import Shipper
 from agent.spool import Spool
 from agent.stats import Stats
 from tracehouse.channel import ClientSecurity
+from tracehouse.ids import make_run_id
 
 log = logging.getLogger("tracehouse.agent")
-
-_NOT_IN_ID = re.compile(r"[^A-Za-z0-9._:-]+")
 
 
 @dataclass(frozen=True)
@@ -43,12 +40,6 @@ class AgentConfig:
     host_metrics: bool = True
     watch: Path | None = None  # a folder of Nsight Systems exports to import as they appear
     watch_interval: float = 2.0
-
-
-def make_run_id(name: str, host: str, started_ns: int) -> str:
-    stamp = datetime.fromtimestamp(started_ns / 1e9, tz=UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    parts = [_NOT_IN_ID.sub("-", part).strip("-") for part in (name or "agent", host)]
-    return ".".join([*parts, stamp])[-128:].lstrip(".-")
 
 
 class Agent:

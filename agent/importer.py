@@ -47,6 +47,7 @@ class BatchSink(Protocol):
 class ImportResult:
     file: str
     run_id: str
+    host: str = ""  # the host the run is filed under
     events: dict[str, int] = field(default_factory=dict)
     samples: int = 0
     devices: int = 0
@@ -73,14 +74,16 @@ def import_export(
     host: str = "",
     tags: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    default_host: str = "unknown",
 ) -> ImportResult:
     """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
-    (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible."""
+    (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible.
+    The run is filed under `host`, else the host the file names, else `default_host`."""
     started = time.monotonic()
     with open_trace(path) as trace:
-        host = host or trace.host or "unknown"
+        host = host or trace.host or default_host or "unknown"
         run_id = run_id_of(trace, host)
-        result = ImportResult(file=str(path), run_id=run_id, relative_time=trace.relative_time)
+        result = ImportResult(file=str(path), run_id=run_id, host=host, relative_time=trace.relative_time)
         run: dict[str, Any] = {
             "run_id": run_id,
             "name": run_name or trace.default_name(),

@@ -31,6 +31,8 @@ What an event becomes, by its category (`cat`) and phase (`ph`); the table is CA
 - phase `i`/`I` (instants, whatever their category) -> mark. Phase `M` names processes and
   threads (kinds process and thread, as for nsys). Flows (`s`, `t`, `f`: `ac2g`, `fwdbwd`) are
   not needed: `args.correlation` already links a call to its GPU work on both sides.
+- A trace whose events up to the first one with a time include none with a phase (`ph`, a
+  string) is not a Chrome trace (a JSON list of metrics, say) and is refused.
 - Anything else (unknown categories, `Trace` spans, `cuda_profiler_range`, other phases, events
   without a time, with a negative duration or a time outside 1970..2262, items that are not
   objects) is skipped and counted per reason (the result's `skipped`, the run's attrs). An `X`
@@ -581,17 +583,22 @@ class KinetoTrace:
         base = base if type(base) is int and 0 <= base <= MAX_NS else 0
         primed: list[Any] = []
         first: int | None = None
+        phased = False  # an event with a phase was read
         with self._reading():
             for event in self._events:
                 if not self._read and not isinstance(event, dict):
                     raise KinetoError(f"{self.path.name}: JSON, but not a Chrome trace (its events are not objects)")
-                if isinstance(event, dict) and event.get("ph") in TIMED:
-                    first = to_ns(event.get("ts"))
-                    if first is not None:
-                        primed.append(event)
-                        break
+                if isinstance(event, dict) and type(event.get("ph")) is str:
+                    phased = True
+                    if event["ph"] in TIMED:
+                        first = to_ns(event.get("ts"))
+                        if first is not None:
+                            primed.append(event)
+                            break
                 self._read += 1
                 self._add(event)
+        if self._read and not phased:
+            raise KinetoError(f"{self.path.name}: JSON, but not a Chrome trace (none of its objects has a phase, ph)")
         if first is not None and base and first >= YEAR_2000_NS:
             base = 0  # ts is already time since the epoch
         self._offset = base

@@ -8,7 +8,7 @@ Times in results are ns since the epoch (Int64).
 
 from __future__ import annotations
 
-from query.window import Predicates
+from query.window import COMPLETE, Predicates
 
 GPU_WORK = ("kernel", "memcpy", "memset")
 WORK_KINDS = "(" + ", ".join(f"'{kind}'" for kind in GPU_WORK) + ")"  # as SQL
@@ -18,6 +18,13 @@ NS = "toUnixTimestamp64Nano"
 PHASE_METRICS = {"sm_util": "gpu.util_pct", "mem_used": "gpu.mem_used_bytes", "power": "gpu.power_w"}
 
 Query = tuple[str, dict[str, object]]
+
+# Ranges meet GPU work on their host, process and thread, whatever run each came in: phases of
+# tracehouse.training and the kernels of a trace of the same process are two runs. Runs whose
+# times count from an unknown origin (nsys before 2021.3) only meet their own rows.
+RELATIVE_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE relative_time)"
+SCOPE = f"if(run_id IN {RELATIVE_RUNS}, run_id, '')"
+TRACED_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE source IN ('nsys', 'kineto'))"
 
 
 def _work(where: Predicates, clip_from: int | None, clip_to: int | None) -> str:
@@ -82,33 +89,33 @@ def _ranges(where: Predicates, materialized: bool = False) -> str:
     once, not once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
     return f"""
 ranges AS {"MATERIALIZED " if materialized else ""}(
-    SELECT id AS range_id, run_id, host, kind, name, pid, tid, depth, extras['style'] AS style,
-           {NS}(start) AS rs, {NS}(end) AS re
+    SELECT id AS range_id, run_id, host, {SCOPE} AS scope, kind, name, pid, tid, depth,
+           extras['style'] AS style, {NS}(start) AS rs, {NS}(end) AS re
     FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
 )"""
 
 
 def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
-    """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (thread,
-    kind, style, depth) never overlap, so per lane the latest range starting at or before
+    """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (host,
+    thread, kind, style, depth) never overlap, so per lane the latest range starting at or before
     the time is the only candidate; every row is tried against every lane. (A step and the
     phases inside it overlap at depth 0: their kinds keep them in lanes of their own.) The
     lane is joined on its 64-bit hash: one integer key is several times faster than six columns."""
     return f"""
-(SELECT *, cityHash64(run_id, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
+(SELECT *, cityHash64(host, scope, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
  ARRAY JOIN (SELECT groupUniqArray((kind, style, depth)) FROM {ranges}) AS level) AS w
-ASOF INNER JOIN (SELECT *, cityHash64(run_id, pid, tid, kind, style, depth) AS lane FROM {ranges}) AS r
+ASOF INNER JOIN (SELECT *, cityHash64(host, scope, pid, tid, kind, style, depth) AS lane FROM {ranges}) AS r
     ON w.lane = r.lane AND w.{time} >= r.rs"""
 
 
 def _projection(ranges: str) -> str:
     """CTEs `projected` and `projection`: each range of `ranges` with the GPU work launched
-    from inside it (same run, process and thread)."""
+    from inside it (same host, process and thread)."""
     work = f"""
-SELECT run_id, pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
+SELECT host, {SCOPE} AS scope, pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
 FROM {{db}}.events
-WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL
-  AND run_id IN (SELECT DISTINCT run_id FROM {ranges})
+WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
+  AND host IN (SELECT DISTINCT host FROM {ranges})
   AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
   AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
     return f"""
@@ -161,8 +168,9 @@ def phases(where: Predicates) -> Query:
     the host's NVML telemetry inside them.
 
     A range belongs to the GPUs its process ran work on (all the host's GPUs when it ran
-    none). Busy % is NULL for names whose ranges' runs have no GPU work on record (phases
-    declared by tracehouse.training without a trace): unknown, not idle. The range borders
+    none). Busy % is NULL for names whose ranges come from no trace and have no GPU work on
+    record on their host (phases of tracehouse.training with no trace beside them): unknown,
+    not idle. The range borders
     cut each GPU's time into segments. Busy time before each border comes from one sorted
     pass over the work and the borders together; an instance's busy time is the difference at
     its two borders. Each segment knows the set of names covering
@@ -171,7 +179,7 @@ def phases(where: Predicates) -> Query:
     metrics = ", ".join(f"'{m}'" for m in PHASE_METRICS.values())
     lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
     hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
-    in_ranges = f"run_id IN (SELECT DISTINCT run_id FROM ranges) AND end > {lo} AND start < {hi}"
+    in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
     order = "PARTITION BY key ORDER BY t, border, e"
     telemetry = ",\n       ".join(
         f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
@@ -185,7 +193,7 @@ def phases(where: Predicates) -> Query:
     sql = f"""
 WITH {_ranges(where, materialized=True)},
 process_gpus AS MATERIALIZED (
-    SELECT DISTINCT run_id, pid, host, gpu FROM {{db}}.events
+    SELECT DISTINCT host, {SCOPE} AS scope, pid, gpu FROM {{db}}.events
     WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges}
 ),
 host_gpus AS MATERIALIZED (
@@ -196,11 +204,11 @@ host_gpus AS MATERIALIZED (
 ),
 instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
     SELECT r.range_id AS range_id, cityHash64(g.host, g.gpu) AS key, r.rs AS rs, r.re AS re
-    FROM ranges AS r INNER JOIN process_gpus AS g ON g.run_id = r.run_id AND g.pid = r.pid
+    FROM ranges AS r INNER JOIN process_gpus AS g ON g.host = r.host AND g.scope = r.scope AND g.pid = r.pid
     UNION ALL
     SELECT r.range_id, cityHash64(g.host, g.gpu), r.rs, r.re
     FROM ranges AS r INNER JOIN host_gpus AS g ON g.host = r.host
-    WHERE (r.run_id, r.pid) NOT IN (SELECT run_id, pid FROM process_gpus)
+    WHERE (r.host, r.scope, r.pid) NOT IN (SELECT host, scope, pid FROM process_gpus)
 ),
 stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
     SELECT cityHash64(host, gpu) AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
@@ -259,7 +267,8 @@ SELECT s.name AS name, g.host AS host, g.gpu AS gpu, s.instances AS instances, s
        if(s.total_ns > 0 AND s.traced > 0, 100 * s.busy_ns / s.total_ns, NULL) AS busy_pct, i.samples AS samples,
        {results}
 FROM (SELECT r.name AS name, key, count() AS instances, sum(length) AS total_ns, sum(busy) AS busy_ns,
-             countIf(r.run_id IN (SELECT run_id FROM process_gpus)) AS traced  -- runs with GPU work on record
+             countIf(r.run_id IN {TRACED_RUNS} OR (r.host, r.scope) IN (SELECT host, scope FROM process_gpus))
+                 AS traced  -- from a trace, or with GPU work on record on the host
       FROM spans AS s INNER JOIN ranges AS r USING (range_id) GROUP BY name, key) AS s
 INNER JOIN gpus AS g ON g.key = s.key
 LEFT JOIN named AS i ON i.name = s.name AND i.key = s.key

@@ -68,7 +68,8 @@ def small_limits(**changes: object) -> Limits:
 
 @pytest.fixture
 def traces(ingest: ingest_pb2_grpc.IngestStub) -> dict[str, Trace]:
-    stored = {"r1": make_trace("r1", seed=1), "r2": make_trace("r2", seed=2, steps=30)}
+    first = make_trace("r1", seed=1)
+    stored = {"r1": first, "r2": make_trace("r2", seed=2, steps=30, t0=first.end + 1_000_000_000)}
     for trace in stored.values():
         store_trace(ingest, trace)
     return stored

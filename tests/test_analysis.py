@@ -19,7 +19,9 @@ from query.client import Client, QueryFailed
 from query.window import Predicates
 from tests.conftest import FIXTURES
 from tests.timeline_trace import HOST, MS, US, Trace
+from tracehouse.batch import BatchBuilder
 from tracehouse.cli import main
+from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 # -- the oracle ---------------------------------------------------------------------------------
 
@@ -279,3 +281,30 @@ def test_servers_without_materialized_ctes_give_the_same_answers(
     for part in ("summary", "ranges"):
         pd.testing.assert_frame_equal(with_it[1][part], without[1][part])
     assert "MATERIALIZED" not in without_materialized_cte(analysis.phases(Predicates())[0])
+
+
+def test_phases_of_one_run_meet_the_gpu_work_of_a_trace_of_the_same_process(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub
+) -> None:
+    """tracehouse.training's phases and the PyTorch profiler's kernels are two runs: they meet on
+    their host, process and thread, not their run id."""
+    t0, pid, tid = 1_790_000_000_000_000_000, 4242, 77
+    declared = BatchBuilder("api", run_id="train.1", host="gpu-node")
+    starts = t0 + np.arange(4) * 10 * MS
+    declared.add_events("phase", starts, starts + 6 * MS, "forward", pid=pid, tid=tid)
+    declared.add_run("train.1", host="gpu-node", source="user", start=t0, end=t0 + 40 * MS)
+    traced = BatchBuilder("trace", run_id="kineto-1", host="gpu-node")
+    launches = starts + 1 * MS
+    traced.add_events("kernel", launches + 500 * US, launches + 2500 * US, "gemm", gpu=0, stream=7, pid=pid, tid=tid,
+                      launch_start=launches)  # fmt: skip
+    traced.add_events("kernel", [t0 + 8 * MS], [t0 + 9 * MS], "other", gpu=0, stream=7, pid=pid, tid=tid + 1,
+                      launch_start=[t0 + 2 * MS])  # another thread's: not the phase's  # fmt: skip
+    traced.add_run("kineto-1", host="gpu-node", source="kineto", start=t0, end=t0 + 40 * MS)
+    for builder in (declared, traced):
+        ingest.Write(ingest_pb2.WriteRequest(batch=builder.build()), timeout=30)
+    summary = client.nvtx_gpu(run="train.1")["summary"].set_index("name")
+    assert summary.loc["forward", "instances"] == summary.loc["forward", "with_gpu_work"] == 4
+    assert summary.loc["forward", "gpu_ops"] == 4 and summary.loc["forward", "gpu_total_ns"] == 4 * 2 * MS
+    phases = client.phases(run="train.1").set_index("name")
+    assert phases.loc["forward", "gpu"] == 0
+    assert phases.loc["forward", "busy_pct"] == pytest.approx(100 * 2 / 6)

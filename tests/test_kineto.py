@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import socket
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -29,6 +30,8 @@ KINETO = FIXTURES / "kineto"
 REAL = sorted(KINETO.glob("*.json.gz")) if KINETO.is_dir() else []
 needs_fixtures = pytest.mark.skipif(not REAL, reason=f"no real traces in {KINETO}")
 NS_RESOLUTION = KINETO / "ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+TORCH_CPU = Path(__file__).parent / "data" / "kineto" / "cpu_mlp_torch2.pt.trace.json.gz"
+TORCH_CPU_MADE_NS = 1_795_985_393_803_324_811  # when it was made (tests/data/kineto/SOURCES.md)
 
 
 @pytest.fixture
@@ -198,6 +201,25 @@ def test_fixtures_are_not_copied_into_the_project() -> None:
     here = Path(__file__).resolve().parents[1]
     names = {p.name for p in REAL}
     assert not [p for p in here.rglob("*.json.gz") if p.name in names and ".venv" not in p.parts]
+
+
+def test_a_trace_of_torch_2_on_the_cpu_in_this_project(writer: BatchWriter, client: Client) -> None:
+    """A current PyTorch (2.13, CPU) trace, committed: the modern time base, tested where torch is not."""
+    trace = load(TORCH_CPU)
+    assert type(trace["baseTimeNanoseconds"]) is int and next(iter(trace)) == "schemaVersion"
+    assert list(trace).index("baseTimeNanoseconds") < list(trace).index("traceEvents"), "torch 2.13 writes it first"
+    result = import_export(TORCH_CPU, writer)
+    expected = expected_events(trace)
+    assert result.events == expected and stored_events(client, result.run_id) == expected
+    assert "kernel" not in result.events, "CPU only"
+    assert result.events["cpu_op"] == sum(1 for e in trace["traceEvents"] if e.get("cat") == "cpu_op") == 342
+    run = client.runs().set_index("run_id").loc[result.run_id]
+    assert not result.relative_time and run["host"] == "vm" == result.host
+    assert abs(int(run["start"].value) - TORCH_CPU_MADE_NS) < 10**9, "ts counts from baseTimeNanoseconds"
+    assert int(run["start"].value) == min(trace["baseTimeNanoseconds"] + ns(e["ts"]) for _, e in imported(trace))
+    steps = client.events(kinds=["step"], run=result.run_id)
+    assert list(steps["name"]) == ["step"] * 3 and [x["step"] for x in steps["extras"]] == ["1", "2", "3"]
+    assert set(steps["depth"]) == {0}
 
 
 # -- synthetic traces ----------------------------------------------------------------------------------
@@ -437,6 +459,14 @@ BAD_INPUT: dict[str, tuple[Callable[[Path], Any], str]] = {
     "JSON, not a trace": (lambda p: write_json(p, {"name": "a config file", "x": [1, 2]}), "not a Chrome trace"),
     "a list of numbers": (lambda p: write_json(p, [1, 2, 3]), "not a Chrome trace"),
     "traceEvents not a list": (lambda p: write_json(p, {"traceEvents": 5}), "not a Chrome trace"),
+    "a list of metrics": (
+        lambda p: write_json(p, [{"name": "loss", "value": 0.3}, {"name": "loss", "value": 0.2, "ts": 5}]),
+        "not a Chrome trace",
+    ),
+    "events without a phase": (
+        lambda p: write_json(p, {"traceEvents": [{"name": "op", "ts": T0_US, "dur": 1}, {"ph": 5, "ts": 1}]}),
+        "not a Chrome trace",
+    ),
     "truncated gzip": (_truncated_gzip, "truncated or corrupt gzip"),
     "corrupt gzip": (lambda p: p.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-4] + b"\0\0\0\0"), "gzip"),
     "truncated JSON": (lambda p: p.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na'), "truncated"),
@@ -475,6 +505,27 @@ def test_bad_input_exits_2_with_a_reason_and_stores_nothing(
     write_trace(good, KinetoSpec(steps=2))
     assert main(["import", "--server", address, str(good)]) == 0, "the server is unaffected"
     assert json.loads(capsys.readouterr().out)["events"]["kernel"] == 10
+
+
+def test_the_cli_files_a_trace_without_a_host_under_this_machine(
+    tmp_path: Path, address: str, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Most Kineto traces name no host; the CLI imports one on the machine that made it, usually,
+    so it files it there (beside that machine's telemetry) and says so; --host and the trace's own win."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": T0_US, "dur": 1}]
+    nameless = write_json(tmp_path / "nameless.json", {"traceEvents": events})
+    named = write_json(tmp_path / "named.json", {"traceEvents": events, "hostname": "node-7"})
+    assert main(["import", "--server", address, str(nameless)]) == 0
+    out, err = capsys.readouterr()
+    here = socket.gethostname()
+    assert json.loads(out)["host"] == here and f"filed under this machine, {here} (--host" in err
+    assert main(["import", "--server", address, "--host", "elsewhere", str(nameless), str(named)]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["import", "--server", address, str(named)]) == 0
+    assert json.loads(capsys.readouterr().out)["host"] == "node-7"
+    hosts = client.runs().groupby("host").size().to_dict()
+    assert hosts == {here: 1, "elsewhere": 2, "node-7": 1}
+    assert import_export(nameless, BatchWriter(address)).host == "unknown", "the API's default stays"
 
 
 def test_errors_are_kineto_errors_of_one_line(tmp_path: Path) -> None:

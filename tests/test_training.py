@@ -11,6 +11,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +21,17 @@ import pandas as pd
 import pytest
 
 import tracehouse
+from agent.batcher import Batcher
+from ingest.store import Store
+from ingest.validate import check_id
 from query.client import Client
 from tests.helpers import request
 from tracehouse import training
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli import main
+from tracehouse.model import DEFAULT_LIMITS, Limits
+from tracehouse.serve import Server, create_server
 from tracehouse.v1 import ingest_pb2_grpc
 
 PLAIN = ClientSecurity()  # no credentials, whatever the environment says
@@ -65,6 +73,35 @@ def no_run_left() -> Any:
         left.end()
 
 
+class LateServer:
+    """An address where nothing listens until `start()`: a server that comes back (on the
+    test's store, so `client` sees what it stores)."""
+
+    def __init__(self, store: Store, limits: Limits) -> None:
+        self.address = closed_port()
+        self._store = store
+        self._limits = limits
+        self.server: Server | None = None
+
+    def start(self) -> None:
+        self.server = create_server(self._store, self.address, self._limits)
+
+
+@pytest.fixture
+def late(store: Store, limits: Limits, server: Server) -> Iterator[LateServer]:
+    waiting = LateServer(store, limits)
+    yield waiting
+    if waiting.server is not None:
+        waiting.server.stop(grace=5)
+
+
+def wait_for(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 # -- what a run records ------------------------------------------------------------------------
 
 
@@ -77,7 +114,7 @@ def test_a_run_with_steps_phases_and_scalars_arrives(address: str, client: Clien
     assert tracehouse.current() is None
     assert (report["steps"], report["phases"], report["scalars"]) == (5, 20, 10)
     assert report["spooled_batches"] == 0 and report["stored_batches"] >= 1 and report["dropped_records"] == 0
-    assert not (tmp_path / run.run_id).exists(), "an empty spool is removed"
+    assert not Path(report["spool"]).exists() and not list(tmp_path.glob(".*")), "an empty spool is removed"
 
     [described] = client.runs(source="user").to_dict("records")
     assert (described["run_id"], described["name"], described["host"]) == (run.run_id, "mlp-bs32", run.host)
@@ -197,18 +234,24 @@ def test_import_tracehouse_is_light() -> None:
 # -- a server that is away ---------------------------------------------------------------------
 
 
-def test_a_dead_server_neither_breaks_the_loop_nor_loses_the_run(address: str, client: Client, tmp_path: Path) -> None:
-    with tracehouse.run("offline", server=closed_port(), security=PLAIN, spool=tmp_path, flush_interval=0.05) as run:
+def test_a_dead_server_neither_breaks_the_loop_nor_loses_the_run(
+    late: LateServer, client: Client, tmp_path: Path
+) -> None:
+    with tracehouse.run("offline", server=late.address, security=PLAIN, spool=tmp_path, flush_interval=0.05) as run:
         train(200)
     report = run.report()
     assert report["steps"] == 200 and report["stored_batches"] == 0 and report["spooled_batches"] >= 1
     assert report["dropped_batches"] == report["dropped_records"] == 0
-    spooled = tmp_path / run.run_id
-    assert sorted(p.suffix for p in spooled.iterdir()) == ["", *[".batch"] * report["spooled_batches"]]
+    spooled = Path(report["spool"])
+    assert spooled.parent == tmp_path and spooled.name == f"{run.run_id}.{run.session}"
+    assert sorted(p.name for p in spooled.iterdir() if p.suffix != ".batch") == ["lock", "server"]
+    assert len(list(spooled.glob("*.batch"))) == report["spooled_batches"]
+    assert (spooled / "server").read_text().strip() == late.address, "the spool names the server it is for"
     assert client.runs().empty
 
-    # the next run on this machine sends what the first left, then removes its spool
-    with tracehouse.run("online", server=address, security=PLAIN, spool=tmp_path) as second:
+    # the next run on this machine aimed at that server sends what the first left, then removes its spool
+    late.start()
+    with tracehouse.run("online", server=late.address, security=PLAIN, spool=tmp_path) as second:
         second._replayer.join(30)
     assert not spooled.exists()
     runs = client.runs(source="user").set_index("run_id")
@@ -217,14 +260,25 @@ def test_a_dead_server_neither_breaks_the_loop_nor_loses_the_run(address: str, c
     assert len(events_of(client, run.run_id, "step")) == 200
 
 
-def test_replay_leaves_the_spools_of_live_runs_alone(address: str, client: Client, tmp_path: Path) -> None:
-    live = tracehouse.run("live", server=closed_port(), security=PLAIN, spool=tmp_path)
+def test_replay_leaves_the_spools_of_live_runs_and_other_servers_alone(
+    address: str, late: LateServer, client: Client, tmp_path: Path
+) -> None:
+    live = tracehouse.run("live", server=late.address, security=PLAIN, spool=tmp_path)
     live.step(0)
-    dead = tracehouse.run("dead", server=closed_port(), security=PLAIN, spool=tmp_path)
+    dead = tracehouse.run("dead", server=late.address, security=PLAIN, spool=tmp_path)
     dead.end()
-    assert training.replay_spools(tmp_path, address, PLAIN) == dead.report()["spooled_batches"] >= 2
-    assert (tmp_path / live.run_id).exists() and not (tmp_path / dead.run_id).exists()
-    assert set(client.runs()["run_id"]) == {dead.run_id}
+    elsewhere = tracehouse.run("elsewhere", server=closed_port(), security=PLAIN, spool=tmp_path)
+    elsewhere.end()
+    being_made = tmp_path / ".starting.run"  # a run's folder before it is locked and renamed
+    being_made.mkdir()
+    (being_made / "lock").touch()
+    assert training.replay_spools(tmp_path, address, PLAIN) == 0, "every spool left is for another server"
+    late.start()
+    assert training.replay_spools(tmp_path, late.address, PLAIN) == dead.report()["spooled_batches"] >= 2
+    assert Path(live.report()["spool"]).exists() and not Path(dead.report()["spool"]).exists()
+    assert Path(elsewhere.report()["spool"]).exists() and being_made.exists()
+    stored = set(client.runs()["run_id"])  # and the live run's own, sent by its own shipper
+    assert dead.run_id in stored and elsewhere.run_id not in stored
     live.end()
 
 
@@ -336,7 +390,7 @@ def test_demo_train_runs_a_real_loop_and_imports_its_own_trace(
     imported = result["import"]["run_id"]  # the importer recognises a PyTorch-profiler trace
     assert runs.loc[imported, "source"] == "kineto" and runs.loc[imported, "tags"]["training_run"] == result["run_id"]
     profiled = client.events(run=imported, kinds=["step", "cpu_op"])
-    assert set(profiled["kind"]) == {"step", "cpu_op"}
+    assert set(profiled["kind"]) == {"cpu_op"}  # steps and phases come from the API alone
     assert set(profiled["pid"]) == set(steps["pid"]), "the trace and the run describe one process"
 
 
@@ -349,3 +403,257 @@ def test_records_travel_in_few_large_batches(tmp_path: Path) -> None:
     report = run.report()
     assert report["phases"] == 2 * training.BATCH_EVENTS + 1 and report["dropped_records"] == 0
     assert report["spooled_batches"] == 4, "the run's start, two full batches, and the rest with the run's end"
+
+
+# -- clocks, ids, ends and tensors -------------------------------------------------------------
+
+
+def test_a_wall_clock_set_back_inside_a_phase_loses_nothing(
+    address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Times are the run's start plus the monotonic clock: a wall clock set back an hour in a
+    phase changes nothing, and a phase whose end still came out before its start (the clamp)
+    ends where it starts rather than having its batch refused."""
+    with tracehouse.run("clock", server=address, security=PLAIN, spool=tmp_path) as run:
+        tracehouse.step(0)
+        with monkeypatch.context() as wall, tracehouse.phase("set back"):
+            wall.setattr(time, "time_ns", lambda: run.started_ns - 3_600_000_000_000)
+        now = time.perf_counter_ns()
+        ticks = iter([now, now - 5_000_000_000])  # a clock that goes back: the end is clamped to the start
+        with monkeypatch.context() as backwards:
+            backwards.setattr(training, "_perf_ns", lambda: next(ticks))
+            with tracehouse.phase("backwards"):
+                pass
+    report = run.report()
+    assert report["dropped_batches"] == 0 and report["spooled_batches"] == 0 and report["phases"] == 2
+    spans = {row["name"]: (row["s"], row["e"]) for row in events_of(client, run.run_id, "phase").to_dict("records")}
+    (set_back_start, set_back_end), (backwards_start, backwards_end) = spans["set back"], spans["backwards"]
+    assert run.started_ns <= set_back_start <= set_back_end <= backwards_start == backwards_end
+    [described] = client.runs(source="user").to_dict("records")
+    assert ns(described["end"]) >= ns(described["start"]) == run.started_ns
+
+
+def test_processes_given_one_run_id_send_batches_of_their_own(address: str, client: Client, tmp_path: Path) -> None:
+    """A resumed job or several ranks with the same `run_id=`: batch ids carry a session of
+    each process (start and pid), so no batch is refused as another's with other content."""
+    run_id = "r" * 100  # the longest a run id may be: the batch ids still fit
+    first = tracehouse.run("resumed", server=address, security=PLAIN, spool=tmp_path, run_id=run_id)
+    second = tracehouse.run("resumed", server=address, security=PLAIN, spool=tmp_path, run_id=run_id)
+    for run in (first, second):
+        with run.step(0), run.phase(f"phase of {run.session}"):
+            pass
+    first.end()
+    second.end()
+    assert first.session != second.session
+    prefixes = {first.batcher.batch_prefix, second.batcher.batch_prefix}
+    assert len(prefixes) == 2 and all(p.startswith("r" * 80) for p in prefixes)
+    for prefix in prefixes:
+        check_id("batch_id", f"{prefix}/99999999", DEFAULT_LIMITS)
+    for run in (first, second):
+        report = run.report()
+        assert report["dropped_batches"] == report["spooled_batches"] == 0 and report["stored_batches"] >= 2
+    phases = set(events_of(client, run_id, "phase")["name"])
+    assert phases == {f"phase of {first.session}", f"phase of {second.session}"}
+
+
+def test_batcher_batch_prefix_is_optional() -> None:
+    sent: list[str] = []
+    agent = Batcher("agent.run", "h", lambda batch: sent.append(batch.batch_id))
+    agent.describe_run(run_id="agent.run", name="a", host="h", source="agent", start=1)
+    agent.flush()
+    prefixed = Batcher("run", "h", lambda batch: sent.append(batch.batch_id), batch_prefix="run/session")
+    prefixed.describe_run(run_id="run", name="a", host="h", source="user", start=1)
+    prefixed.flush()
+    assert sent == ["agent.run/00000001", "run/session/00000001"]
+
+
+def test_a_server_back_before_the_end_gets_everything(late: LateServer, client: Client, tmp_path: Path) -> None:
+    """A run that started while the server was away: its end tries the spool at once (the
+    shipper may be waiting out a long backoff) and leaves nothing behind."""
+    run = tracehouse.run("late", server=late.address, security=PLAIN, spool=tmp_path, end_timeout=20)
+    train(3)
+    wait_for(lambda: run.spool.batches >= 1)  # the run's start went to the spool
+    late.start()
+    report = run.end()
+    assert report["spooled_batches"] == 0 and report["stored_batches"] >= 2 and report["dropped_batches"] == 0
+    assert not Path(report["spool"]).exists()
+    [described] = client.runs(source="user").to_dict("records")
+    assert described["run_id"] == run.run_id and described["attrs"]["steps"] == "3"
+
+
+def test_a_server_away_at_the_end_costs_one_failed_send(tmp_path: Path) -> None:
+    run = tracehouse.run("away", server=closed_port(), security=PLAIN, spool=tmp_path, end_timeout=60)
+    train(3)
+    started = time.monotonic()
+    report = run.end()
+    assert time.monotonic() - started < 10, "the first failed send ends the end's try"
+    assert report["spooled_batches"] >= 2 and report["dropped_batches"] == 0
+
+
+class FakeTensor:
+    """Enough of a torch tensor: `detach` shares the value (as a view shares storage), `clone`
+    copies it, `+=` changes it in place; `is_cuda` tensors copy to the host with `to`."""
+
+    def __init__(self, cell: list[float], is_cuda: bool = False, events: list[str] | None = None) -> None:
+        self.cell = cell
+        self.is_cuda = is_cuda
+        self.events = events if events is not None else []
+
+    def detach(self) -> FakeTensor:
+        return FakeTensor(self.cell, self.is_cuda, self.events)
+
+    def clone(self) -> FakeTensor:
+        return FakeTensor(list(self.cell), self.is_cuda, self.events)
+
+    def numel(self) -> int:
+        return len(self.cell)
+
+    def to(self, device: str, non_blocking: bool = False) -> FakeTensor:
+        assert device == "cpu" and non_blocking
+        self.events.append("copy")
+        return FakeTensor(list(self.cell), False, self.events)
+
+    def item(self) -> float:
+        assert not self.is_cuda
+        self.events.append("item")
+        [value] = self.cell
+        return value
+
+    def __iadd__(self, other: float) -> FakeTensor:
+        self.cell[0] += other
+        return self
+
+
+def scalars(client: Client, run_id: str, metric: str) -> list[float]:
+    found = client.sql(
+        f"SELECT value FROM samples WHERE run_id = '{run_id}' AND metric = '{metric}' ORDER BY ts"
+    )  # fmt: skip
+    return list(found["value"])
+
+
+def test_a_tensor_is_read_as_it_was_when_given(address: str, client: Client, tmp_path: Path) -> None:
+    with tracehouse.run("tensor", server=address, security=PLAIN, spool=tmp_path) as run:
+        total = FakeTensor([0.0])
+        for _ in range(5):
+            total += 1
+            tracehouse.scalar("seen", total)
+        tracehouse.scalar("many", FakeTensor([1.0, 2.0]))  # not one value: refused, not copied
+    assert run.report()["invalid"] == 1
+    assert scalars(client, run.run_id, "seen") == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_cuda_tensor_is_copied_at_once_and_read_after_its_event(
+    address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+
+    class Event:
+        def record(self) -> None:
+            events.append("record")
+
+        def synchronize(self) -> None:
+            events.append("synchronize")
+
+    fake_torch, fake_cuda = types.ModuleType("torch"), types.ModuleType("torch.cuda")
+    fake_cuda.Event = Event  # type: ignore[attr-defined]
+    fake_torch.cuda = fake_cuda  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    with tracehouse.run("cuda", server=address, security=PLAIN, spool=tmp_path, nvtx=False) as run:
+        loss = FakeTensor([0.5], is_cuda=True, events=events)
+        tracehouse.scalar("loss", loss)
+        assert events == ["copy", "record"], "the copy starts on the caller's thread"
+        loss += 1
+    assert events == ["copy", "record", "synchronize", "item"]
+    assert scalars(client, run.run_id, "loss") == [0.5]
+
+
+class FakeNvtx:
+    def __init__(self, fail_pushes: int) -> None:
+        self.fail_pushes = fail_pushes
+        self.calls: list[str] = []
+
+    def range_push(self, name: str) -> None:
+        if self.fail_pushes:
+            self.fail_pushes -= 1
+            raise RuntimeError("no NVTX")
+        self.calls.append(f"push {name}")
+
+    def range_pop(self) -> None:
+        self.calls.append("pop")
+
+    def range_start(self, name: str) -> int:
+        self.calls.append(f"start {name}")
+        return 1
+
+    def range_end(self, handle: int) -> None:
+        self.calls.append("end")
+
+
+def test_a_phase_whose_nvtx_push_fails_is_left_out(
+    address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvtx = FakeNvtx(fail_pushes=1)
+    monkeypatch.setattr(training, "_nvtx_module", lambda wanted: nvtx)
+    with tracehouse.run("nvtx", server=address, security=PLAIN, spool=tmp_path, nvtx=True) as run:
+        tracehouse.step(0)
+        with tracehouse.phase("failed push"):
+            pass
+        with tracehouse.phase("pushed"):
+            pass
+    assert run.report()["phases"] == 1 and run.failures == 1
+    assert nvtx.calls == ["start step 0", "push pushed", "pop", "end"]
+    phases = events_of(client, run.run_id, "phase")
+    assert list(phases["name"]) == ["pushed"] and phases["s"].min() >= run.started_ns
+
+
+def test_phases_closed_out_of_order_take_the_lowest_free_depth(tmp_path: Path) -> None:
+    """Depth is a lane: a phase takes the lowest one no open phase of its thread holds, so
+    phases in one lane never overlap, however they close."""
+    run = tracehouse.run("lanes", server=closed_port(), security=PLAIN, spool=tmp_path)
+    a, b, c, d = (training._Phase(run, name) for name in "abcd")
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # a closes while b, entered inside it, goes on
+    c.__enter__()
+    d.__enter__()
+    assert (a.depth, b.depth, c.depth, d.depth) == (0, 1, 0, 2)
+    for phase in (d, c, b):
+        phase.__exit__(None, None, None)
+    with training._Phase(run, "e") as e:
+        assert e.depth == 0
+    run.end()
+
+
+def test_the_most_recent_run_is_current_and_atexit_is_registered_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered: list[Any] = []
+    monkeypatch.setattr(training.atexit, "register", registered.append)
+    monkeypatch.setattr(training, "_atexit_registered", False)
+    first, second, third = (
+        tracehouse.run(name, server=closed_port(), security=PLAIN, spool=tmp_path, end_timeout=0)
+        for name in ("first", "second", "third")
+    )
+    assert tracehouse.current() is third and registered == [training._end_all]
+    third.end()
+    assert tracehouse.current() is second
+    first.end()
+    assert tracehouse.current() is second
+    second.end()
+    assert tracehouse.current() is None and tracehouse.run is training.Run
+
+
+@pytest.mark.parametrize("grpc_first", [False, True])
+def test_starting_a_run_is_light_and_turns_grpc_fork_handlers_off(tmp_path: Path, grpc_first: bool) -> None:
+    """No agent daemon (psutil) for a run id; gRPC's fork handlers off (forked DataLoader
+    workers crashed with them on), unless grpc was imported before: then they are the caller's."""
+    code = (
+        f"import sys, os{', grpc' if grpc_first else ''}, tracehouse\n"
+        "run = tracehouse.run('light', server='127.0.0.1:1', spool=sys.argv[1], nvtx=False, end_timeout=0)\n"
+        "print(sorted(m for m in ('agent.daemon', 'psutil', 'torch') if m in sys.modules))\n"
+        "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))\n"
+        "run.end()\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=environment)
+    assert done.stdout.split() == ["[]", "None" if grpc_first else "false"], done.stderr

@@ -32,12 +32,13 @@ class Trace:
     end: int = T0
 
 
-def make_trace(run_id: str, seed: int, steps: int = 40) -> Trace:
+def make_trace(run_id: str, seed: int, steps: int = 40, t0: int = T0) -> Trace:
+    """A run of one process on HOST from t0: runs of one process on one host follow each other."""
     rng = random.Random(seed)
-    trace = Trace(run_id)
+    trace = Trace(run_id, start=t0, end=t0)
     correlation = 1
     for tid in (100, 101):
-        t = T0 + rng.randint(0, 50) * US
+        t = t0 + rng.randint(0, 50) * US
         lanes: list[int] = []  # end of the last start/end range per lane
         for step in range(steps):
             step_start = t
@@ -95,7 +96,7 @@ def make_trace(run_id: str, seed: int, steps: int = 40) -> Trace:
                  correlation=correlation + 100 + offset, launch=edge + offset)
         )  # fmt: skip
     for w in range(5):  # work launched outside any range
-        s = T0 + rng.randint(0, 30) * MS
+        s = t0 + rng.randint(0, 30) * MS
         trace.work.append(dict(kind="kernel", name="orphan", start=s, end=s + 40 * US, gpu=0, stream=7, tid=100,
                                correlation=correlation + w, launch=s - 10 * US))  # fmt: skip
     trace.start = min(x["start"] for x in trace.work + trace.ranges)

@@ -273,7 +273,9 @@ def _add_import(commands: Any) -> None:
     )  # fmt: skip
     _add_server_option(imports)
     imports.add_argument("--run-name", default="", help="name of the run (default: the file name)")
-    imports.add_argument("--host", default="", help="host to file it under (default: the one the export names)")
+    imports.add_argument(
+        "--host", default="", help="host to file it under (default: the one the file names, else this machine)"
+    )
     imports.add_argument(
         "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several"
     )
@@ -603,6 +605,8 @@ def run_demo_train(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    import socket
+
     from agent.importer import import_export
     from agent.tracefile import TraceFileError
     from agent.writer import BatchWriter, WriteFailed
@@ -613,7 +617,9 @@ def run_import(args: argparse.Namespace) -> int:
         for path in args.files:
             progress = _Progress(path.name) if sys.stderr.isatty() else None
             try:
-                result = import_export(path, writer, args.run_name, args.host, dict(args.tag), progress)
+                result = import_export(
+                    path, writer, args.run_name, args.host, dict(args.tag), progress, default_host=socket.gethostname()
+                )
             except TraceFileError as error:
                 print(f"tracehouse: {error}", file=sys.stderr)
                 status = max(status, EXIT_USAGE)
@@ -624,6 +630,9 @@ def run_import(args: argparse.Namespace) -> int:
             finally:
                 if progress:
                     progress.done()
+            if not args.host and result.host == socket.gethostname():
+                print(f"tracehouse: {path.name}: filed under this machine, {result.host} (--host to choose another)",
+                      file=sys.stderr)  # fmt: skip
             print(result.json(), flush=True)
     finally:
         writer.close()

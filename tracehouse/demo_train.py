@@ -3,6 +3,11 @@ there is one, else the CPU) instrumented with tracehouse's training API and the 
 profiler, which then imports its own profiler trace: a run, its steps, phases and scalars,
 and the kernels and operators of a few profiled steps, end to end.
 
+Steps and phases come from tracehouse's API only: the loop uses no `record_function` ranges and
+the profiler no schedule (whose `ProfilerStep#N` ranges become steps too), so that each step and
+phase is one range on the timeline, beside the operators and kernels the profiler records. When
+the server does not answer (the run's records only went to the spool), the trace is not imported.
+
 torch is an optional dependency (`pip install 'tracehouse[torch]'`); without it, this module
 still imports, and `train` raises TorchMissing.
 """
@@ -48,10 +53,11 @@ def train(
     host: str | None = None,
 ) -> dict[str, Any]:
     """Train for `steps` steps, profile a few of them, import the trace; returns what was
-    recorded: the run id, the device, the trace file and the import's result (or its error)."""
+    recorded: the run id, the device, the trace (its path when kept in `trace_dir`, else only its
+    file name: the file is gone) and the import's result (or why there is none)."""
     try:
         import torch
-        from torch.profiler import ProfilerActivity, profile, record_function, schedule
+        from torch.profiler import ProfilerActivity, profile
     except ImportError as error:
         raise TorchMissing() from error
 
@@ -71,44 +77,54 @@ def train(
     decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, steps // 3), gamma=0.5)
     loss_of = torch.nn.CrossEntropyLoss()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    warmup = 1 if steps > PROFILED_STEPS else 0
-    plan = schedule(wait=0, warmup=warmup, active=max(1, min(PROFILED_STEPS, steps - warmup)), repeat=1)
+    first = 1 if steps > PROFILED_STEPS else 0  # one step of warm-up
+    last = min(steps, first + PROFILED_STEPS) - 1
+    profiler = profile(activities=activities)
 
     with tempfile.TemporaryDirectory(prefix="tracehouse-demo-train-") as scratch:
         folder = trace_dir or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"demo-train-{time.time_ns()}.pt.trace.json.gz"
         tags = {"demo": "true", "device": device, "model": "mlp", "batch": str(BATCH)}
-        with (
-            tracehouse.run("demo-train", tags=tags, server=server, security=security, host=host) as run,
-            profile(
-                activities=activities, schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(trace))
-            ) as profiler,
-        ):
-            for i in range(steps):
-                started = time.perf_counter()
-                tracehouse.step(i)
-                with tracehouse.phase("dataloader"), record_function("dataloader"):
-                    time.sleep(LOADER_SECONDS)
-                    x = torch.randn(BATCH, FEATURES, device=device)
-                    y = teacher(x).argmax(dim=1)
-                with tracehouse.phase("forward"), record_function("forward"):
-                    loss = loss_of(model(x), y)
-                with tracehouse.phase("backward"), record_function("backward"):
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                with tracehouse.phase("optimizer"), record_function("optimizer"):
-                    optimizer.step()
-                    decay.step()
-                tracehouse.scalar("loss", loss.detach())  # read on tracehouse's thread: no sync here
-                tracehouse.scalar("lr", optimizer.param_groups[0]["lr"])
-                tracehouse.scalar("samples_per_s", BATCH / (time.perf_counter() - started))
-                profiler.step()
+        with tracehouse.run("demo-train", tags=tags, server=server, security=security, host=host) as run:
+            profiling = False
+            try:
+                for i in range(steps):
+                    if i == first:
+                        profiler.start()
+                        profiling = True
+                    started = time.perf_counter()
+                    tracehouse.step(i)
+                    with tracehouse.phase("dataloader"):
+                        time.sleep(LOADER_SECONDS)
+                        x = torch.randn(BATCH, FEATURES, device=device)
+                        y = teacher(x).argmax(dim=1)
+                    with tracehouse.phase("forward"):
+                        loss = loss_of(model(x), y)
+                    with tracehouse.phase("backward"):
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                    with tracehouse.phase("optimizer"):
+                        optimizer.step()
+                        decay.step()
+                    tracehouse.scalar("loss", loss.detach())  # read on tracehouse's thread: no sync here
+                    tracehouse.scalar("lr", optimizer.param_groups[0]["lr"])
+                    tracehouse.scalar("samples_per_s", BATCH / (time.perf_counter() - started))
+                    if i == last:
+                        profiler.stop()
+                        profiling = False
+            finally:
+                if profiling:  # an error ended the loop
+                    profiler.stop()
+        profiler.export_chrome_trace(str(trace))
         recorded = run.report()
         result: dict[str, Any] = {"run_id": run.run_id, "device": device, "steps": recorded["steps"],
-                                  "trace": str(trace), "import": None}  # fmt: skip
+                                  "trace": str(trace) if trace_dir else trace.name, "import": None}  # fmt: skip
         if recorded["spooled_batches"]:
             result["spooled_batches"] = recorded["spooled_batches"]
+        if recorded["spooled_batches"] and not recorded["stored_batches"]:
+            result["import_error"] = "the server did not answer; the run waits in the spool, the trace was not imported"
+            return result
         try:
             result["import"] = import_trace(trace, run.server, security, host, run.run_id)
         except Exception as error:

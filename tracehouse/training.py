@@ -20,11 +20,16 @@ host (gpu -1, this process's pid) named as given.
 The caller's thread only appends a tuple to a bounded deque (a full one drops the record and
 counts it) and never raises: a failure is logged once and the call returns. A daemon thread
 turns the records into batches (the agent's Batcher) that the agent's Shipper sends, with a
-disk Spool of the run's own (`$TRACEHOUSE_HOME/spool/runs/RUN_ID`) while the server is away.
-At the end of a run, open phases and the open step end with it; what is still pending gets
-up to `end_timeout` seconds to reach a server that answers (none to one that is away), and
-what remains stays in the spool: the next run on this machine (same spool folder) sends it,
-as the agent does with its own spool. The agent does not read these folders.
+disk Spool of the run's own (`$TRACEHOUSE_HOME/spool/runs/RUN_ID.SESSION`, which also names
+the server it is for) while the server is away. Batch ids are `RUN_ID/SESSION/SEQUENCE`, the
+session (`STARTHEX.PID`) telling apart processes given one `run_id`. At the end of a run, open
+phases and the open step end with it, and what is still pending gets one try of up to
+`end_timeout` seconds, which a failed send ends early; what remains stays in the spool: the
+next run on this machine aimed at the same server sends it, as the agent does with its own
+spool. The agent does not read these folders.
+
+Times are the run's start on the wall clock plus the monotonic clock since then: a wall
+clock set back during a run never makes an event end before it starts.
 
 Importing this module imports neither grpc nor torch; a run imports grpc when it starts, and
 torch only for NVTX (`nvtx=True`, or by default when the caller has imported torch and CUDA
@@ -72,8 +77,10 @@ STEP_STARTS_KEPT = 4096  # steps whose start a late scalar(..., step=i) can stil
 MAX_NAME_BYTES = 256  # metric names and tag keys (tracehouse.model.Limits.max_name_bytes)
 MAX_TEXT_BYTES = 64 << 10  # event names, tag values (Limits.max_string_bytes)
 STEP_NAME = "step"
+MAX_ID_BYTES = 128  # batch ids (Limits.max_id_bytes)
+SERVER_FILE = "server"  # in a run's spool folder: the server its batches are for
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,100}")
-_time_ns = time.time_ns
+_perf_ns = time.perf_counter_ns
 
 # records the caller's thread appends: a tag, then the fields
 _STEP = 0  # (tag, t, i, tid): step i starts, the thread's previous step ends
@@ -84,13 +91,15 @@ _THREAD = 4  # (tag, t, tid, thread name): a thread's first record
 
 _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
 _current: Run | None = None
-_runs: set[Run] = set()  # runs started and not ended, for atexit
+_runs: list[Run] = []  # runs started and not ended, oldest first: the last is the current one
 _registry_lock = threading.Lock()
+_atexit_registered = False
 _said_no_run = False
 
 
 def _fits(text: str, limit: int) -> bool:
-    return bool(text) and (len(text) * 4 <= limit or len(text.encode()) <= limit)
+    """Whether `text` takes at most `limit` bytes in UTF-8 (without encoding it when it is short)."""
+    return len(text) * 4 <= limit or len(text.encode()) <= limit
 
 
 def _clean_map(mapping: Mapping[Any, Any] | None, what: str) -> dict[str, str]:
@@ -98,7 +107,7 @@ def _clean_map(mapping: Mapping[Any, Any] | None, what: str) -> dict[str, str]:
     clean: dict[str, str] = {}
     for key, value in (mapping or {}).items():
         key, value = str(key), str(value)
-        if not _fits(key, MAX_NAME_BYTES) or (value and not _fits(value, MAX_TEXT_BYTES)):
+        if not key or not _fits(key, MAX_NAME_BYTES) or not _fits(value, MAX_TEXT_BYTES):
             log.warning("tracehouse: %s %r left out: keys are 1..%d bytes, values up to %d", what, key[:64],
                         MAX_NAME_BYTES, MAX_TEXT_BYTES)  # fmt: skip
             continue
@@ -107,47 +116,94 @@ def _clean_map(mapping: Mapping[Any, Any] | None, what: str) -> dict[str, str]:
 
 
 def _run_id(name: str, host: str, started_ns: int, pid: int) -> str:
-    """NAME.HOST.STAMP.PID, as the agent names its runs plus the pid: unique per process,
-    and short enough for batch ids (`RUN_ID/SEQUENCE`) to stay within 128 characters."""
-    from agent.daemon import make_run_id
+    """NAME.HOST.STAMP.PID, as the agent names its runs plus the pid: unique per process."""
+    from tracehouse.ids import make_run_id
 
     return f"{make_run_id(name[:40], host[:40], started_ns)}.{pid}"
 
 
-class _Phase:
-    """One `with phase(name):`. Nested phases on a thread get depths 0, 1, 2, ..."""
+def _batch_prefix(run_id: str, session: str) -> str:
+    """RUN_ID/SESSION, the run id cut short where the batch ids (PREFIX/SEQUENCE, 8 digits)
+    would pass MAX_ID_BYTES: the session alone tells the run's batches from others'."""
+    room = MAX_ID_BYTES - len("/00000000") - len("/") - len(session)
+    return f"{run_id[:room]}/{session}"
 
-    __slots__ = ("_pushed", "_run", "_stack", "closed", "depth", "name", "start", "tid")
+
+class _CudaValue:
+    """A CUDA tensor's value on its way to the host: the worker waits for `ready` before reading `value`."""
+
+    __slots__ = ("ready", "value")
+
+    def __init__(self, value: Any, ready: Any) -> None:
+        self.value = value
+        self.ready = ready
+
+
+def _snapshot(tensor: Any) -> Any:
+    """A tensor's value as it is now, taken on the caller's thread (the caller may change the
+    tensor in place before the worker reads it): a detached copy; for a CUDA tensor, a copy to
+    the host started now, without waiting for it, and an event that marks its end. A tensor
+    of more than one element is not copied: it is refused as invalid anyway."""
+    detached = tensor.detach()
+    numel = getattr(detached, "numel", None)
+    if numel is not None and numel() != 1:
+        return detached
+    if getattr(detached, "is_cuda", False):
+        copied = detached.to("cpu", non_blocking=True)
+        ready = sys.modules["torch"].cuda.Event()
+        ready.record()
+        return _CudaValue(copied, ready)
+    return detached.clone()
+
+
+class _Phase:
+    """One `with phase(name):`. A phase takes the lowest depth on its thread that no open
+    phase holds: nested phases get 0, 1, 2, ..., and phases closed out of order never share
+    a lane while both are open."""
+
+    __slots__ = ("_entered", "_pushed", "_run", "_stack", "closed", "depth", "name", "start", "tid")
 
     def __init__(self, run: Run, name: str) -> None:
         self._run = run
         self.name = name
         self.closed = False  # the run ended while it was open: its record is written
+        self._entered = False  # recorded at its exit only when its start went well
         self._pushed = False
         self.start = 0
+        self.depth = 0
+        self.tid = 0
 
     def __enter__(self) -> _Phase:
         run = self._run
+        self.start = _perf_ns() + run._base_ns
         try:
             local = run._local
             try:
                 stack = local.stack
             except AttributeError:
                 stack = run._thread_started()
-            self._stack = stack
+            depth = 0
+            if stack:
+                held = {open_phase.depth for open_phase in stack}
+                while depth in held:
+                    depth += 1
+            self.depth = depth
             self.tid = local.tid
-            self.depth = len(stack)
-            stack.append(self)
+            self._stack = stack
             if run._nvtx is not None:
-                self._pushed = run._nvtx_push(self.name)
-            self.start = _time_ns()
+                run._nvtx.range_push(self.name)
+                self._pushed = True
+            stack.append(self)
+            self._entered = True
         except Exception as error:
             run._failed(error)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = _time_ns()
         run = self._run
+        end = _perf_ns() + run._base_ns
+        if not self._entered:
+            return
         try:
             stack = self._stack
             if stack and stack[-1] is self:
@@ -155,7 +211,7 @@ class _Phase:
             elif self in stack:
                 stack.remove(self)
             if self._pushed:
-                run._nvtx_pop()
+                run._nvtx.range_pop()
             if not self.closed and run._open:
                 buffer = run._buffer
                 if len(buffer) < BUFFER_RECORDS:
@@ -182,7 +238,19 @@ class _StepEnd:
 
 
 class Run:
-    """A run declared by training code; see the module's documentation. Use `run()`."""
+    """Start a run and make it the current one (`step`, `phase` and `scalar` record into it);
+    use it with `with`, or call `.end()`. Never raises for a server that is away.
+    `tracehouse.run` is this class.
+
+    server: host:port of `tracehouse serve` (default $TRACEHOUSE_SERVER or 127.0.0.1:50051);
+    security: its credentials (default from the TRACEHOUSE_TOKEN_FILE and TRACEHOUSE_TLS_*
+    variables); run_id: instead of NAME.HOST.START.PID (processes given one id each send
+    batches of their own); host: instead of this machine's name; spool: the folder of the
+    runs' spools (default $TRACEHOUSE_HOME/spool/runs); nvtx: also emit NVTX ranges (default:
+    where torch is imported and CUDA available); enabled: False records nothing (say, on all
+    ranks but one); flush_interval: seconds a batch stays open; end_timeout: seconds the end
+    tries to ship what is pending; spool_max_bytes: bound on the run's spool (the oldest
+    batches go first, counted)."""
 
     def __init__(
         self,
@@ -205,6 +273,8 @@ class Run:
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
         self.started_ns = time.time_ns()
+        self._base_ns = self.started_ns - _perf_ns()  # the run's clock: _perf_ns() + _base_ns
+        self.session = f"{self.started_ns:x}.{self.pid}"
         if run_id is not None and not _RUN_ID.fullmatch(run_id):
             log.warning("tracehouse: run id %r is not 1..100 characters of [A-Za-z0-9._:-]; making one", run_id[:200])
             run_id = None
@@ -252,7 +322,7 @@ class Run:
                     tid = local.tid
                 buffer = self._buffer
                 if len(buffer) < BUFFER_RECORDS:
-                    buffer.append((_STEP, _time_ns(), i, tid))
+                    buffer.append((_STEP, _perf_ns() + self._base_ns, i, tid))
                 else:
                     self.dropped += 1
                 if self._nvtx is not None:
@@ -267,12 +337,16 @@ class Run:
 
     def scalar(self, name: str, value: Any, step: int | None = None) -> None:
         """A value of the series `name` (loss, learning rate, throughput) now, or at the start
-        of step `step` when given. A tensor is read on tracehouse's thread, not the caller's."""
+        of step `step` when given. A tensor is copied as it is now (a CUDA tensor's copy to
+        the host is started, not waited for) and read on tracehouse's thread."""
         if self._open:
             try:
+                t = _perf_ns() + self._base_ns
+                if hasattr(value, "detach"):
+                    value = _snapshot(value)
                 buffer = self._buffer
                 if len(buffer) < BUFFER_RECORDS:
-                    buffer.append((_SCALAR, _time_ns(), name, value, step))
+                    buffer.append((_SCALAR, t, name, value, step))
                 else:
                     self.dropped += 1
             except Exception as error:
@@ -281,7 +355,11 @@ class Run:
     def _end_step(self) -> None:
         if self._open:
             try:
-                self._buffer.append((_STEP_END, time.time_ns(), self._local.tid))
+                buffer = self._buffer
+                if len(buffer) < BUFFER_RECORDS:
+                    buffer.append((_STEP_END, _perf_ns() + self._base_ns, self._local.tid))
+                else:
+                    self.dropped += 1
                 if self._nvtx is not None:
                     self._nvtx_step(None)
             except Exception as error:
@@ -295,7 +373,7 @@ class Run:
         local.stack = stack
         local.nvtx_step = None
         self._stacks[local.tid] = stack
-        self._buffer.append((_THREAD, time.time_ns(), local.tid, threading.current_thread().name))
+        self._buffer.append((_THREAD, _perf_ns() + self._base_ns, local.tid, threading.current_thread().name))
         return stack
 
     def _failed(self, error: BaseException) -> None:
@@ -304,13 +382,6 @@ class Run:
             log.warning("tracehouse: run %s: a call failed and was skipped (said once): %r", self.run_id, error)
 
     # -- NVTX ----------------------------------------------------------------------------------
-
-    def _nvtx_push(self, name: str) -> bool:
-        self._nvtx.range_push(name)
-        return True
-
-    def _nvtx_pop(self) -> None:
-        self._nvtx.range_pop()
 
     def _nvtx_step(self, i: int | None) -> None:
         """Steps are start/end ranges (not push/pop), so a step may begin inside a phase."""
@@ -324,21 +395,24 @@ class Run:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def _start(self, nvtx: bool | None) -> None:
+        _no_grpc_fork_handlers()
         from agent.batcher import Batcher
         from agent.shipper import Shipper
         from agent.spool import Spool
 
         security = self._security if self._security is not None else _environment_security()
+        self._security = security  # the end's shipper uses it too
         self._nvtx = _nvtx_module(nvtx)
-        folder = self.spool_root / self.run_id
-        folder.mkdir(parents=True, exist_ok=True)
-        self._lock_file = _lock(folder)
+        folder, self._lock_file = _spool_folder(self.spool_root, f"{self.run_id}.{self.session}", self.server)
         self.spool: Spool = Spool(folder, self._spool_max_bytes, on_drop=self._batch_dropped)
         self.shipper: Shipper = Shipper(
             self.server, self.spool, on_stored=self._batch_stored, on_dropped=self._batch_dropped,
             security=security, call_timeout=CALL_TIMEOUT_S,
         )  # fmt: skip
-        self.batcher: Batcher = Batcher(self.run_id, self.host, self.shipper.submit, max_age=self._flush_interval)
+        self.batcher: Batcher = Batcher(
+            self.run_id, self.host, self.shipper.submit, max_age=self._flush_interval,
+            batch_prefix=_batch_prefix(self.run_id, self.session),
+        )  # fmt: skip
         self._attrs = self._start_attrs()
         self._columns = _EventColumns()
         self._open_steps: dict[int, tuple[int, Any]] = {}  # per thread: start and number of its step
@@ -350,7 +424,7 @@ class Run:
         self._worker = threading.Thread(target=self._work, name="tracehouse-run", daemon=True)
         self._worker.start()
         self._replayer = threading.Thread(
-            target=replay_spools, args=(self.spool_root, self.server, security, self._stop, self.run_id),
+            target=replay_spools, args=(self.spool_root, self.server, security, self._stop, folder.name),
             name="tracehouse-replay", daemon=True,
         )  # fmt: skip
         self._replayer.start()
@@ -401,9 +475,9 @@ class Run:
             self.end("interrupted" if issubclass(kind, KeyboardInterrupt) else f"failed: {kind.__name__}")
 
     def end(self, status: str = "ok") -> dict[str, Any]:
-        """End the run (open phases and the open step end now), ship what is pending within
-        `end_timeout` seconds (none when the server is away: it stays in the spool) and
-        return the counts. Ending again returns the same counts."""
+        """End the run (open phases and the open step end now), try once to ship what is
+        pending within `end_timeout` seconds (a failed send ends the try: the rest stays in
+        the spool) and return the counts. Ending again returns the same counts."""
         with self._end_lock:
             if self._ended:
                 return self.report()
@@ -411,7 +485,7 @@ class Run:
         _forget(self)
         if not self._open or self._worker is None:
             return self.report()
-        now = time.time_ns()
+        now = _perf_ns() + self._base_ns
         self._status = status
         self._end_ns = now
         self._open = False
@@ -464,7 +538,7 @@ class Run:
             tag = record[0]
             if tag == _PHASE:
                 _, start, end, name, depth, tid = record
-                if self._event("phase", start, end, name, tid=tid, depth=depth):
+                if self._event("phase", start, max(start, end), name, tid=tid, depth=depth):
                     self._counts["phases"] += 1
             elif tag == _STEP:
                 _, t, i, tid = record
@@ -485,7 +559,7 @@ class Run:
 
     def _event(self, kind: str, start: int, end: int, name: Any, tid: int, depth: int = 0, **extras: str) -> bool:
         text = name if isinstance(name, str) else str(name)
-        if not (len(text) * 4 <= MAX_TEXT_BYTES or len(text.encode()) <= MAX_TEXT_BYTES):
+        if not _fits(text, MAX_TEXT_BYTES):
             self._invalid(f"a {kind} name of {len(text.encode())} bytes (the limit is {MAX_TEXT_BYTES})")
             return False
         self._columns.add(kind, start, end, text, tid=tid, depth=depth, extras=extras)
@@ -500,10 +574,13 @@ class Run:
 
     def _scalar(self, t: int, name: Any, value: Any, step: Any) -> None:
         try:
+            if isinstance(value, _CudaValue):
+                value.ready.synchronize()
+                value = value.value
             number = float(value.item() if hasattr(value, "item") else value)
         except Exception:
             number = math.nan
-        if not isinstance(name, str) or not _fits(name, MAX_NAME_BYTES):
+        if not isinstance(name, str) or not name or not _fits(name, MAX_NAME_BYTES):
             self._invalid(f"scalar name {str(name)[:64]!r} (names are 1..{MAX_NAME_BYTES} bytes)")
         elif not math.isfinite(number):
             self._invalid(f"scalar {name!r}: {str(value)[:64]} is not a finite number")
@@ -531,17 +608,12 @@ class Run:
 
     def _finish(self) -> None:
         self._drain()
-        end = self._end_ns if self._end_ns is not None else time.time_ns()
+        end = max(self.started_ns, self._end_ns if self._end_ns is not None else _perf_ns() + self._base_ns)
         for tid in list(self._open_steps):
             self._close_step(tid, end)
         self._describe(end)
         self._flush()
-        deadline = time.monotonic() + self._end_timeout
-        # a server that answers gets until the deadline; one that is away (the spool holds
-        # batches) none: the spool keeps them for the next run
-        while self.shipper.pending() and not self.spool.batches and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.shipper.shutdown(0.0 if self.spool.batches else max(0.0, deadline - time.monotonic()))
+        self._ship_pending(time.monotonic() + self._end_timeout)
         if self.spool.batches:
             log.warning(
                 "tracehouse: %d batches of run %s wait in %s (server %s away); the next run on this machine sends them",
@@ -551,6 +623,37 @@ class Run:
                 self._lock_file.close()  # the spool is the next run's to send
         else:
             _remove_spool(self.spool.folder, self._lock_file)
+
+    def _ship_pending(self, deadline: float) -> None:
+        """The end's one try: ship what is pending until the deadline, or until a send fails.
+        While the server answers (nothing is spooled), the shipper's thread goes on, and a
+        send that fails spools what is queued, which ends the try. Where the server was away
+        before the end (the shipper may be waiting out a long backoff), a shipper of the end's
+        own tries the spool at once, oldest batch first, until a send fails."""
+        from agent.shipper import Outcome, Shipper
+
+        shipper = self.shipper
+        away_before = self.spool.batches > 0
+        while not self.spool.batches and shipper.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        failed_now = not away_before and self.spool.batches > 0
+        shipper.shutdown(0.0)  # stops its thread; what is still queued goes to the spool
+        if failed_now or not self.spool.batches or time.monotonic() >= deadline:
+            return
+        failed = threading.Event()
+
+        def on_write(_seconds: float, outcome: Outcome) -> None:
+            if outcome is Outcome.RETRY:
+                failed.set()
+
+        retry = Shipper(
+            self.server, self.spool, on_stored=self._batch_stored, on_dropped=self._batch_dropped,
+            security=self._security, call_timeout=CALL_TIMEOUT_S,
+        )  # fmt: skip
+        retry.on_write = on_write
+        while self.spool.batches and time.monotonic() < deadline and not failed.wait(0.01):
+            pass
+        retry.shutdown(0.0)
 
 
 class _EventColumns:
@@ -583,36 +686,7 @@ class _EventColumns:
 # -- the module's API: the current run ---------------------------------------------------------
 
 
-def run(
-    name: str,
-    tags: Mapping[str, Any] | None = None,
-    server: str | None = None,
-    *,
-    run_id: str | None = None,
-    host: str | None = None,
-    security: ClientSecurity | None = None,
-    spool: Path | str | None = None,
-    nvtx: bool | None = None,
-    enabled: bool = True,
-    flush_interval: float = FLUSH_INTERVAL_S,
-    end_timeout: float = END_TIMEOUT_S,
-    spool_max_bytes: int = 1 << 30,
-) -> Run:
-    """Start a run and make it the current one (`step`, `phase` and `scalar` record into it);
-    use it with `with`, or call `.end()`. Never raises for a server that is away.
-
-    server: host:port of `tracehouse serve` (default $TRACEHOUSE_SERVER or 127.0.0.1:50051);
-    security: its credentials (default from the TRACEHOUSE_TOKEN_FILE and TRACEHOUSE_TLS_*
-    variables); run_id: instead of NAME.HOST.START.PID; host: instead of this machine's name;
-    spool: the folder of the runs' spools (default $TRACEHOUSE_HOME/spool/runs); nvtx: also
-    emit NVTX ranges (default: where torch is imported and CUDA available); enabled: False
-    records nothing (say, on all ranks but one); flush_interval: seconds a batch stays open;
-    end_timeout: seconds the end waits for a server that answers; spool_max_bytes: bound on
-    the run's spool (the oldest batches go first, counted)."""
-    return Run(
-        name, tags, server, run_id=run_id, host=host, security=security, spool=spool, nvtx=nvtx, enabled=enabled,
-        flush_interval=flush_interval, end_timeout=end_timeout, spool_max_bytes=spool_max_bytes,
-    )  # fmt: skip
+run = Run  # `tracehouse.run(...)`: a run is started by creating it
 
 
 def current() -> Run | None:
@@ -653,13 +727,14 @@ def _no_run() -> contextlib.nullcontext[None]:
 
 
 def _started(started: Run) -> None:
-    global _current
+    global _current, _atexit_registered
     with _registry_lock:
-        if not _runs:
+        if not _atexit_registered:
             atexit.register(_end_all)
+            _atexit_registered = True
         earlier = _current
         _current = started
-        _runs.add(started)
+        _runs.append(started)
     if earlier is not None and not earlier._ended:
         log.info("tracehouse: run %s is now the current run (%s goes on)", started.run_id, earlier.run_id)
 
@@ -667,14 +742,24 @@ def _started(started: Run) -> None:
 def _forget(ended: Run) -> None:
     global _current
     with _registry_lock:
-        _runs.discard(ended)
+        if ended in _runs:
+            _runs.remove(ended)
         if _current is ended:
-            _current = next(iter(_runs), None)
+            _current = _runs[-1] if _runs else None  # the most recent run that goes on
 
 
 def _end_all() -> None:
-    for left in list(_runs):
+    for left in reversed(list(_runs)):
         left.end("ended at exit")
+
+
+def _no_grpc_fork_handlers() -> None:
+    """Turn gRPC's fork handlers off (GRPC_ENABLE_FORK_SUPPORT=false) unless the caller set
+    them or grpc is already imported: with a run's shipper calling into gRPC, a fork (a
+    DataLoader's workers) skips them, and some children crashed (8 of 50 runs with two fork
+    workers each, against none of 50 with the handlers off). The children record nothing."""
+    if "grpc" not in sys.modules:
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 def _after_fork() -> None:
@@ -729,6 +814,20 @@ def _process_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
 
 
+def _spool_folder(root: Path, name: str, server: str) -> tuple[Path, Any]:
+    """The run's spool folder `root/name`, locked, with the server it is for in SERVER_FILE.
+    It is made under a hidden name and renamed once locked, so that another process's replay
+    never finds it unlocked (and removes it as an empty leftover)."""
+    root.mkdir(parents=True, exist_ok=True)
+    hidden = root / f".{name}"
+    hidden.mkdir(exist_ok=True)
+    lock = _lock(hidden)
+    (hidden / SERVER_FILE).write_text(f"{server}\n")
+    folder = root / name
+    hidden.rename(folder)
+    return folder, lock
+
+
 def _lock(folder: Path) -> Any:
     """Hold an exclusive lock on the spool folder while the run lives, so that another run's
     replay leaves it alone; None where there is no fcntl (then nothing is replayed)."""
@@ -741,8 +840,17 @@ def _lock(folder: Path) -> Any:
     return handle
 
 
+def _spool_server(folder: Path) -> str | None:
+    """The server a run's spool is for; None for a folder that does not say."""
+    try:
+        return (folder / SERVER_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _remove_spool(folder: Path, lock: Any) -> None:
     with contextlib.suppress(OSError):
+        (folder / SERVER_FILE).unlink(missing_ok=True)
         (folder / "lock").unlink(missing_ok=True)
         if lock is not None:
             lock.close()
@@ -757,9 +865,9 @@ def replay_spools(
     skip: str = "",
 ) -> int:
     """Send what earlier runs left in their spools under `root` (a folder per run, not locked
-    by a live process), oldest batch first; a spool sent whole is removed. One that makes no
-    progress for REPLAY_PATIENCE_S (the server is away) is left for later. Returns the
-    batches sent."""
+    by a live process) for `server` (the server their runs were sent to, or none named),
+    oldest batch first; a spool sent whole is removed. One that makes no progress for
+    REPLAY_PATIENCE_S (the server is away) is left for later. Returns the batches sent."""
     from agent.shipper import Shipper
     from agent.spool import Spool
 
@@ -773,6 +881,8 @@ def replay_spools(
     for folder in folders:
         if stop.is_set():
             break
+        if folder.name.startswith(".") or _spool_server(folder) not in (None, server):
+            continue  # one being made, or another server's
         try:
             handle: Any = (folder / "lock").open("a")
         except OSError:

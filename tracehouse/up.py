@@ -1,6 +1,9 @@
 """`tracehouse up` and `tracehouse ui`: the server's companions on one machine. The agent
 samples NVML (or two simulated GPUs where there is no driver, with a notice); the UI is
-Streamlit in a process of its own; `--demo` imports two generated runs first."""
+Streamlit in a process of its own; `--demo` imports two generated runs first and, where torch
+is installed, runs `tracehouse demo-train` in a process of its own too (so that the workload's
+CUDA context and memory are its own, not `up`'s, and a slow or dead server cannot hold `up`),
+bounded by DEMO_TRAIN_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +27,8 @@ from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
 from tracehouse.security import TOKEN_BYTES, ServerSecurity
 
 UI_START_TIMEOUT_S = 60.0
+DEMO_TRAIN_STEPS = 30
+DEMO_TRAIN_TIMEOUT_S = 300.0  # demo-train is stopped after this long
 # Kept from the UI's process: clients' credentials (it gets its own) and the server's store settings.
 NOT_FOR_UI = (*SECURITY_VARIABLES, config.ENV_STORE, config.ENV_STORE_PASSWORD)
 
@@ -67,6 +73,10 @@ def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, st
     return {**inherited, config.ENV_SERVER: server, **(security or ClientSecurity()).environment()}
 
 
+def demo_train_command(address: str, steps: int = DEMO_TRAIN_STEPS) -> list[str]:
+    return [sys.executable, "-m", "tracehouse.cli", "demo-train", "--server", address, "--steps", str(steps)]
+
+
 def _reachable(address: str) -> str:
     """Where this machine reaches a server bound to `address`, as a URL host."""
     if address in ("0.0.0.0", "", "::"):
@@ -98,6 +108,9 @@ class Up:
         self.ui_token: str | None = None  # read
         self.tls = False
         self._secrets: Path | None = None
+        self.trainer: subprocess.Popen[bytes] | None = None  # demo-train, while it runs
+        self.trainer_done = threading.Event()
+        self._stopping = False
 
     def secure(self, security: ServerSecurity) -> ServerSecurity:
         """The server's settings plus what this process's agent and UI need: with tokens, a
@@ -114,11 +127,16 @@ class Up:
     def _ui_security(self) -> ClientSecurity:
         if self.ui_token is None:
             return ClientSecurity()
-        self._secrets = Path(tempfile.mkdtemp(prefix="tracehouse-up-"))  # mode 700
-        token_file = self._secrets / "ui.token"
+        return ClientSecurity(self.ui_token, token_file=self._token_file("ui.token", self.ui_token))
+
+    def _token_file(self, name: str, token: str) -> Path:
+        """`token` in a file of a folder that only this user may enter, for a child process."""
+        if self._secrets is None:
+            self._secrets = Path(tempfile.mkdtemp(prefix="tracehouse-up-"))  # mode 700
+        token_file = self._secrets / name
         with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as opened:
-            opened.write(self.ui_token)
-        return ClientSecurity(self.ui_token, token_file=token_file)
+            opened.write(token)
+        return token_file
 
     def start(self, address: str) -> None:
         from agent.daemon import Agent, AgentConfig, open_backend
@@ -140,7 +158,7 @@ class Up:
 
             runs = load_demo(address, socket.gethostname(), started, gpus=len(backend.indices()), security=own)
             print(f"tracehouse: imported the demo runs {', '.join(r.run_id for r in runs)}", file=sys.stderr)
-            self._demo_train(address, own)
+            self._demo_train(address)
         lines = [f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}"]
         if self.ui_port is not None:
             self.ui = start_ui(address, self.ui_port, security=self._ui_security())
@@ -157,26 +175,71 @@ class Up:
         ]
         print("\n".join(lines), flush=True)
 
-    @staticmethod
-    def _demo_train(address: str, security: ClientSecurity) -> None:
-        """Where torch is installed, a real workload too: `tracehouse demo-train`."""
-        from tracehouse import demo_train
+    def _demo_train(self, address: str, timeout: float = DEMO_TRAIN_TIMEOUT_S) -> None:
+        """Where torch is installed, a real workload too: `tracehouse demo-train` in a process of
+        its own, with the agent's write token, started and left to run; a thread reports how it
+        ended (and stops it after `timeout` seconds). The demo is a bonus: up goes on without it."""
+        from tracehouse.demo_train import torch_available
 
-        if not demo_train.torch_available():
+        if not torch_available():
             print("tracehouse: `pip install torch` would add a real training run to --demo", file=sys.stderr)
+            self.trainer_done.set()
             return
+        token = self.agent_token
+        security = (
+            ClientSecurity(token, token_file=self._token_file("demo.token", token)) if token else ClientSecurity()
+        )
         try:
-            result = demo_train.train(server=address, security=security)
-        except Exception as error:  # the demo is a bonus: up goes on without it
-            print(f"tracehouse: demo-train failed: {error}", file=sys.stderr)
+            self.trainer = subprocess.Popen(
+                demo_train_command(address), env=ui_environment(address, security),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+        except OSError as error:
+            print(f"tracehouse: demo-train did not start: {error}", file=sys.stderr)
+            self.trainer_done.set()
             return
-        imported = result["import"]["run_id"] if result.get("import") else result.get("import_error", "not imported")
-        print(f"tracehouse: trained the demo run {result['run_id']} (its profile: {imported})", file=sys.stderr)
+        print("tracehouse: training the demo run in the background (tracehouse demo-train)", file=sys.stderr)
+        threading.Thread(
+            target=self._await_trainer, args=(self.trainer, timeout), name="demo-train", daemon=True
+        ).start()
+
+    def _await_trainer(self, trainer: subprocess.Popen[bytes], timeout: float) -> None:
+        try:
+            try:
+                out, err = trainer.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                stop_process(trainer)
+                print(f"tracehouse: demo-train stopped after {timeout:.0f} s", file=sys.stderr)
+                return
+            if self._stopping:
+                return
+            print(f"tracehouse: {demo_train_outcome(trainer.returncode, out, err)}", file=sys.stderr, flush=True)
+        finally:
+            self.trainer_done.set()
 
     def stop(self) -> None:
+        self._stopping = True
+        if self.trainer is not None:
+            stop_process(self.trainer)
         if self.ui is not None:
             stop_process(self.ui)
         if self._secrets is not None:
             shutil.rmtree(self._secrets, ignore_errors=True)
         if self.agent is not None:
             print(json.dumps(self.agent.stop()), flush=True)
+
+
+def demo_train_outcome(status: int, out: bytes, err: bytes) -> str:
+    """One line on how `tracehouse demo-train` ended, from its status and output."""
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        result = None
+    if isinstance(result, dict) and "run_id" in result:
+        imported = result.get("import") or {}
+        profile = imported.get("run_id") if isinstance(imported, dict) else None
+        profile = profile or result.get("import_error", "not imported")
+        return f"trained the demo run {result['run_id']} (its profile: {profile})"
+    last = (err.decode("utf-8", "replace").strip().splitlines() or [f"status {status}"])[-1]
+    return f"demo-train failed: {last.removeprefix('tracehouse: ')[:300]}"
