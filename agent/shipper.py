@@ -21,9 +21,8 @@ from enum import Enum
 import grpc
 
 from agent.spool import EncodedBatch, Spool
-from tracehouse.channel import ClientSecurity, open_channel
+from tracehouse.channel import ClientSecurity, encoded_write, open_channel
 from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
-from tracehouse.v1 import ingest_pb2
 
 log = logging.getLogger("tracehouse.agent.shipper")
 
@@ -96,11 +95,7 @@ class Shipper:
         self._on_dropped = on_dropped
         self._metadata = security.metadata() if security else ()
         self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
-        self._write = self._channel.unary_unary(
-            "/tracehouse.v1.Ingest/Write",
-            request_serializer=None,  # batches travel already encoded
-            response_deserializer=ingest_pb2.WriteResponse.FromString,
-        )
+        self._write = encoded_write(self._channel)
         self._queue: collections.deque[EncodedBatch] = collections.deque()
         self._queue_batches = queue_batches
         self._changed = threading.Condition()

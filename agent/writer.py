@@ -13,7 +13,7 @@ import grpc
 
 from agent.shipper import Outcome, classify
 from tracehouse.batch import encode_request
-from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, explain, open_channel
+from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, encoded_write, explain, open_channel
 from tracehouse.pushback import TRANSPORT_MAX_BYTES
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
@@ -34,11 +34,7 @@ class BatchWriter:
         self.security = security
         self._metadata = security.metadata() if security else ()
         self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
-        self._write = self._channel.unary_unary(
-            "/tracehouse.v1.Ingest/Write",
-            request_serializer=None,  # encoded by the caller's thread, sent by the pool's
-            response_deserializer=ingest_pb2.WriteResponse.FromString,
-        )
+        self._write = encoded_write(self._channel)  # encoded by the caller's thread, sent by the pool's
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="writer")
         self._slots = threading.BoundedSemaphore(concurrency)
         self._pending: list[Future[ingest_pb2.WriteResponse]] = []

@@ -163,9 +163,9 @@ def _engine(table: Table, layout: Layout) -> str:
     return f"{table.engine}({', '.join(args)})" if args else table.engine
 
 
-def _ttls(table: Table, layout: Layout) -> list[str]:
+def _ttls(table: Table, seconds: int) -> list[str]:
+    """The table's TTLs: its own, and a retention of `seconds` (0: none)."""
     ttls = [table.ttl] if table.ttl else []
-    seconds = layout.retention.get(table.name, 0)
     if table.time_column and seconds:
         ttls.append(ttl_expression(table, seconds))
     return ttls
@@ -182,7 +182,7 @@ def table_ddl(table: Table, layout: Layout) -> list[str]:
     if table.partition_by:
         clauses.append(f"PARTITION BY {table.partition_by}")
     clauses.append(f"ORDER BY {table.order_by}")
-    ttls = _ttls(table, layout)
+    ttls = _ttls(table, layout.retention.get(table.name, 0))
     if ttls:
         clauses.append(f"TTL {', '.join(ttls)}")
     if table.dedup:
@@ -228,7 +228,7 @@ def retention_ddl(table: Table, layout: Layout, seconds: int) -> str:
     alter = f"ALTER TABLE {layout.local(table.name)}{layout.on_cluster()}"
     if not seconds:
         return f"{alter} REMOVE TTL"
-    return f"{alter} MODIFY TTL {', '.join([*([table.ttl] if table.ttl else []), ttl_expression(table, seconds)])}"
+    return f"{alter} MODIFY TTL {', '.join(_ttls(table, seconds))}"
 
 
 def _quote(text: str) -> str:

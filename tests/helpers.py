@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from ingest.store import Store
 from tracehouse.batch import BatchBuilder
+from tracehouse.cli import main
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 T0 = 1_790_000_000_000_000_000  # 2026-09-21T14:13:20Z
@@ -52,3 +58,25 @@ def counts(store: Store) -> dict[str, int]:
     for table in ("samples", "events", "runs", "devices", "ingest_batches"):
         out[table] = int(store.query(f"SELECT count() AS n FROM {{db}}.{table}").column("n")[0].as_py())
     return out
+
+
+def import_refused(
+    path: Path,
+    reason: str,
+    address: str,
+    capsys: pytest.CaptureFixture[str],
+    nothing_kept: Callable[[], bool],
+    then: tuple[Path, Callable[[Path], object]],
+) -> None:
+    """`tracehouse import PATH` exits 2 with one line naming the file and `reason`, and keeps
+    nothing (`nothing_kept`); the server, unaffected, then imports `then` (a path and what
+    writes it there: two synthetic steps, 10 kernels)."""
+    assert main(["import", "--server", address, str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and reason in err and path.name in err, err
+    assert nothing_kept()
+    good, write = then
+    write(good)
+    assert main(["import", "--server", address, str(good)]) == 0, "the server is unaffected"
+    assert json.loads(capsys.readouterr().out)["events"]["kernel"] == 10

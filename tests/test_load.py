@@ -25,6 +25,7 @@ from tests.helpers import counts, telemetry
 from tests.test_agent import config, sample_count
 from tracehouse.batch import encode_request
 from tracehouse.bench import bench_load
+from tracehouse.channel import encoded_write
 from tracehouse.cli import build_parser
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.pushback import BEHIND, PUSHBACK_KEY, TRANSPORT_MAX_BYTES
@@ -66,12 +67,6 @@ def tight(held: HeldStore) -> Iterator[Server]:
     running.stop(grace=5)
 
 
-def _write_method(channel: grpc.Channel) -> Any:
-    return channel.unary_unary(
-        WRITE, request_serializer=None, response_deserializer=ingest_pb2.WriteResponse.FromString
-    )
-
-
 def test_admission_holds_the_bound_and_always_admits_a_write_alone() -> None:
     admission = Admission(100)
     with admission.admit(150):  # larger than the bound, but nothing else is in flight
@@ -110,7 +105,7 @@ def test_admission_is_released_when_the_write_fails() -> None:
 
 def test_server_refuses_with_a_pushback_hint_and_writes_nothing_of_it(tight: Server, held: HeldStore) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{tight.port}") as channel:
-        write = _write_method(channel)
+        write = encoded_write(channel)
         first = write.future(encode_request(telemetry("held", run_id="held").build()), timeout=60)
         assert held.entered.wait(30), "the first write is in the store, holding the bound"
         refused_batch = encode_request(telemetry("later", run_id="later").build())
@@ -139,7 +134,7 @@ def test_writes_beyond_the_workers_are_refused_at_once_not_left_to_time_out(held
     answers: queue.Queue[Any] = queue.Queue()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            write = _write_method(channel)
+            write = encoded_write(channel)
             for batch in batches:
                 write.future(batch, timeout=30).add_done_callback(answers.put)
             # with the store held, only refusals come back: at least those beyond the workers
@@ -164,7 +159,7 @@ def test_an_agent_told_to_wait_spools_and_then_delivers_everything(
 ) -> None:
     address = f"127.0.0.1:{tight.port}"
     with grpc.insecure_channel(address) as channel:
-        holder = _write_method(channel).future(encode_request(telemetry("held", run_id="held").build()), timeout=60)
+        holder = encoded_write(channel).future(encode_request(telemetry("held", run_id="held").build()), timeout=60)
         assert held.entered.wait(30)
         agent = Agent(config(address, tmp_path / "spool"), SimulatedBackend(2))
         busy = threading.Semaphore(0)
@@ -267,19 +262,24 @@ def test_resource_exhausted_without_a_hint_is_retried_after_a_pause(fake: FakeIn
 @pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, None)]], indirect=True)
 def test_only_a_batch_over_the_transport_limit_is_refused_for_good(fake: FakeIngest) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{fake.port}") as channel, pytest.raises(grpc.RpcError) as failed:
-        _write_method(channel)(_batches(1)[0].payload, timeout=30)
+        encoded_write(channel)(_batches(1)[0].payload, timeout=30)
     assert classify(failed.value, TRANSPORT_MAX_BYTES) == (Outcome.BUSY, UNHINTED_PUSHBACK_S)
     assert classify(failed.value, TRANSPORT_MAX_BYTES + 1) == (Outcome.REFUSED, 0.0)
 
 
-@pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, "20")] * 2], indirect=True)
-def test_the_import_writer_waits_as_asked(fake: FakeIngest) -> None:
+def _write_one(fake: FakeIngest) -> None:
+    """`tracehouse import`'s writer sends one batch, w0, to the fake and waits for its answer."""
     writer = BatchWriter(f"127.0.0.1:{fake.port}", concurrency=1)
     try:
         writer.write(telemetry("w0", n=10).build())
         writer.flush()
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, "20")] * 2], indirect=True)
+def test_the_import_writer_waits_as_asked(fake: FakeIngest) -> None:
+    _write_one(fake)
     assert fake.received == ["w0"] and fake.calls == 3
 
 
@@ -288,24 +288,14 @@ def test_the_import_writer_pauses_on_resource_exhausted_without_a_hint(
     fake: FakeIngest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("agent.shipper.UNHINTED_PUSHBACK_S", 0.01)
-    writer = BatchWriter(f"127.0.0.1:{fake.port}", concurrency=1)
-    try:
-        writer.write(telemetry("w0", n=10).build())
-        writer.flush()
-    finally:
-        writer.close()
+    _write_one(fake)
     assert fake.received == ["w0"] and fake.calls == 2
 
 
 @pytest.mark.parametrize("fake", [[(grpc.StatusCode.INVALID_ARGUMENT, None)]], indirect=True)
 def test_the_import_writer_gives_up_on_a_refused_batch(fake: FakeIngest) -> None:
-    writer = BatchWriter(f"127.0.0.1:{fake.port}", concurrency=1)
-    try:
-        writer.write(telemetry("w0", n=10).build())
-        with pytest.raises(WriteFailed) as failed:
-            writer.flush()
-    finally:
-        writer.close()
+    with pytest.raises(WriteFailed) as failed:
+        _write_one(fake)
     assert failed.value.code == grpc.StatusCode.INVALID_ARGUMENT and fake.calls == 1
 
 

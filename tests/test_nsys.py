@@ -23,6 +23,7 @@ from agent.nsys_synthetic import SESSION_START_NS, Spec, write_export
 from agent.writer import BatchWriter
 from query.client import Client, QueryFailed
 from tests.conftest import FIXTURES
+from tests.helpers import import_refused
 from tracehouse.cli import main
 from tracehouse.v1 import batch_pb2
 
@@ -337,15 +338,12 @@ def test_bad_files_exit_2_with_one_line_and_leave_nothing_visible(
     make, reason = BAD_FILES[case]
     path = tmp_path / ("report.nsys-rep" if "report" in case else "bad.sqlite")
     make(path)
-    assert main(["import", "--server", address, str(path)]) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert len(err.strip().splitlines()) == 1 and reason in err, err
-    assert client.runs().empty and client.events().empty
+
+    def nothing_visible() -> bool:
+        return client.runs().empty and client.events().empty
+
     good = tmp_path / "good.sqlite"
-    write_export(good, Spec(steps=2))
-    assert main(["import", "--server", address, str(good)]) == 0, "the server is unaffected"
-    assert json.loads(capsys.readouterr().out)["events"]["kernel"] == 10
+    import_refused(path, reason, address, capsys, nothing_visible, (good, lambda p: write_export(p, Spec(steps=2))))
 
 
 def test_import_cli_prints_one_json_line_per_file(

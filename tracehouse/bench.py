@@ -28,6 +28,7 @@ from ingest.store import Store
 from ingest.validate import ValidatedBatch, validate_batch
 from tracehouse import config
 from tracehouse.batch import BatchBuilder, encode_request
+from tracehouse.channel import encoded_write
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import create_server
 from tracehouse.v1 import batch_pb2, ingest_pb2
@@ -101,11 +102,7 @@ def bench_ingest(
         channel = grpc.insecure_channel(
             f"127.0.0.1:{server.port}", options=[("grpc.max_send_message_length", 256 << 20)]
         )
-        write = channel.unary_unary(
-            "/tracehouse.v1.Ingest/Write",
-            request_serializer=None,  # the requests are encoded before the clock starts
-            response_deserializer=ingest_pb2.WriteResponse.FromString,
-        )
+        write = encoded_write(channel)  # the requests are encoded before the clock starts
         direct = store.location.client()
         try:
             return _run(rows, batch_rows, rounds, concurrency, store, write, direct)

@@ -26,6 +26,7 @@ from tracehouse.security import (
     is_loopback,
     read_pem,
 )
+from tracehouse.v1 import ingest_pb2
 
 log = logging.getLogger("tracehouse.channel")
 
@@ -115,6 +116,17 @@ def client_security(
         check_certificates(read_pem(ca_path, "--tls-ca"), "--tls-ca", ca_path)
     token = read_token(token_path) if token_path is not None else None
     return ClientSecurity(token, ca_path, cert_path, key_path, token_path)
+
+
+def encoded_write(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
+    """Ingest.Write on `channel`, taking a WriteRequest already encoded: a batch is encoded
+    once, then sent, spooled or sent again as the same bytes."""
+
+    return channel.unary_unary(
+        "/tracehouse.v1.Ingest/Write",
+        request_serializer=None,
+        response_deserializer=ingest_pb2.WriteResponse.FromString,
+    )
 
 
 def open_channel(
