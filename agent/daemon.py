@@ -8,15 +8,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from agent.batcher import Batcher
 from agent.gpu import GpuBackend
 from agent.host import HostSampler
+from agent.presence import announce
+from agent.runspool import replay_spools
 from agent.sampler import Sampler
 from agent.schedule import run_fixed_rate
 from agent.shipper import Shipper
 from agent.spool import Spool
 from agent.stats import Stats
+from tracehouse import config
 from tracehouse.channel import ClientSecurity
 from tracehouse.ids import make_run_id
 
@@ -40,6 +44,10 @@ class AgentConfig:
     host_metrics: bool = True
     watch: Path | None = None  # a folder of Nsight Systems exports to import as they appear
     watch_interval: float = 2.0
+    # the host's agent: says it runs (for `tracehouse run`) and sends what runs left spooled
+    host_agent: bool = False
+    runs_spool: Path | None = None  # the runs' spools it replays (default $TRACEHOUSE_HOME/spool/runs)
+    replay_interval: float = 30.0
 
 
 class Agent:
@@ -65,6 +73,7 @@ class Agent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._cpu_started = 0.0
+        self._presence: IO[str] | None = None
         self.watcher = None
         if config.watch is not None:
             from agent.watch import FolderWatcher, ShipperSink
@@ -124,18 +133,42 @@ class Agent:
             self._threads.append(thread)
         if self.watcher is not None:
             self.watcher.start()
+        if self.config.host_agent:
+            self._presence = announce(
+                self.config.server,
+                {"run_id": self.run_id, "backend": self.backend.name, "gpus": self.backend.indices(),
+                 "interval_s": self.config.interval},
+            )  # fmt: skip
+            replayer = threading.Thread(target=self._replay_runs, name="runs-replay", daemon=True)
+            replayer.start()
+            self._threads.append(replayer)
 
-    def stop(self) -> dict[str, object]:
-        """Stop sampling, ship or spool everything, and return the counts."""
+    def _replay_runs(self) -> None:
+        """Send what runs (`tracehouse run`, the training API) left in their spools for this
+        agent's server, now and every replay_interval seconds."""
+        root = self.config.runs_spool or config.default_spool() / "runs"
+        while True:
+            try:
+                replay_spools(root, self.config.server, self.config.security, self._stop)
+            except Exception:
+                log.exception("replaying the runs' spools in %s failed", root)
+            if self._stop.wait(self.config.replay_interval):
+                return
+
+    def stop(self, shutdown_timeout: float | None = None) -> dict[str, object]:
+        """Stop sampling, ship (for up to shutdown_timeout seconds, default the config's) or
+        spool everything, and return the counts."""
         self._stop.set()
         for thread in self._threads:
             thread.join()
         if self.watcher is not None:
             self.watcher.stop()
         cpu_seconds = time.process_time() - self._cpu_started
+        if self._presence is not None:
+            self._presence.close()
         self._describe_run(end=time.time_ns())
         self.batcher.flush()
-        self.shipper.shutdown(self.config.shutdown_timeout)
+        self.shipper.shutdown(self.config.shutdown_timeout if shutdown_timeout is None else shutdown_timeout)
         self.backend.close()
         counts = self.stats.snapshot()
         report: dict[str, object] = {

@@ -54,9 +54,11 @@ class ImportResult:
     relative_time: bool = False
     seconds: float = 0.0
     skipped: dict[str, int] = field(default_factory=dict)  # read but not imported, per reason
+    attrs: dict[str, str] = field(default_factory=dict)  # the run's: the source's facts and the counts
+    end_ns: int = 0
 
     def json(self) -> str:
-        return json.dumps(self.__dict__)
+        return json.dumps({k: v for k, v in self.__dict__.items() if k != "attrs"})
 
 
 def run_id_of(trace: Trace, host: str) -> str:
@@ -75,14 +77,17 @@ def import_export(
     tags: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     default_host: str = "unknown",
+    into_run: str = "",
 ) -> ImportResult:
     """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
     (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible.
-    The run is filed under `host`, else the host the file names, else `default_host`."""
+    The run is filed under `host`, else the host the file names, else `default_host`.
+    `into_run`: the rows go to this run, which the caller describes (its description then
+    says whether the import finished); no run rows are written."""
     started = time.monotonic()
     with open_trace(path) as trace:
         host = host or trace.host or default_host or "unknown"
-        run_id = run_id_of(trace, host)
+        run_id = into_run or run_id_of(trace, host)
         result = ImportResult(file=str(path), run_id=run_id, host=host, relative_time=trace.relative_time)
         run: dict[str, Any] = {
             "run_id": run_id,
@@ -95,7 +100,9 @@ def import_export(
             "attrs": trace.attrs(),
         }
         version = _describe(run)
-        sink = _Declaring(sink, BatchBuilder(f"{run_id}/run/{version}/begin").add_run(**run, importing=True).build())
+        if not into_run:
+            begin = BatchBuilder(f"{run_id}/run/{version}/begin").add_run(**run, importing=True).build()
+            sink = _Declaring(sink, begin)
         end = trace.start_ns
         threads: set[tuple[int, int]] = set()
         for part in trace.parts():
@@ -118,10 +125,13 @@ def import_export(
             **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
             **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},
         }
-        final = BatchBuilder(f"{run_id}/run/{version}/end")
-        final.add_run(**run, end=max(end, trace.start_ns), importing=False)
-        sink.write(final.build())
-        sink.flush()
+        result.attrs = run["attrs"]
+        result.end_ns = max(end, trace.start_ns)
+        if not into_run:
+            final = BatchBuilder(f"{run_id}/run/{version}/end")
+            final.add_run(**run, end=result.end_ns, importing=False)
+            sink.write(final.build())
+            sink.flush()
     result.seconds = round(time.monotonic() - started, 3)
     return result
 

@@ -51,6 +51,8 @@ class Spec:
     seed: int = 7
     start_ns: int = SESSION_START_NS  # the session's start, ns since the epoch
     time_scale: int = 1  # every time from the session's start multiplied: 1000 makes µs steps ms steps
+    pid: int = PID  # the profiled process (its main thread has the same id)
+    hostname: str = "gpu-node-7"
 
 
 # the leading columns of each table that are times from the session's start
@@ -194,8 +196,9 @@ def write_export(path: Path, spec: Spec = Spec()) -> dict[str, int]:
                    (0x10000, 0, "GA100", 2, "DRAM Read Bandwidth [Throughput %]")]  # fmt: skip
         insert("TARGET_INFO_GPU_METRICS", metrics)
         insert("GPU_METRICS", workload.gpu_metrics())
-    insert("ThreadNames", [(strings("python"), 0, global_tid(PID, MAIN_TID)),
-                           (strings("CUPTI worker thread"), 10, global_tid(PID, CUPTI_TID))])  # fmt: skip
+    cupti_tid = spec.pid + CUPTI_TID - MAIN_TID
+    insert("ThreadNames", [(strings("python"), 0, global_tid(spec.pid, spec.pid)),
+                           (strings("CUPTI worker thread"), 10, global_tid(spec.pid, cupti_tid))])  # fmt: skip
     insert("TARGET_INFO_GPU", [(0, 0, "NVIDIA A100-SXM4-80GB", "0000:07:00.0", 1, 41943040, 85899345920,
                                 2039000000000, 1410000, 108, 0, "GPU-7c5a4e9b-0000-4000-8000-00000000a100", 0,
                                 "GA100", 0, 8, 0)])  # fmt: skip
@@ -205,8 +208,8 @@ def write_export(path: Path, spec: Spec = Spec()) -> dict[str, int]:
             (spec.start_ns, f"{started:%Y-%m-%dT%H:%M:%S}Z", f"{started:%Y-%m-%dT%H:%M:%S}")
             + ((123_456_789,) if spec.shape == "2026.1" else ())
         ])  # fmt: skip
-        insert("PROCESSES", [(global_pid(PID), PID, "python train.py"), (global_pid(1), 1, "systemd")])
-        insert("TARGET_INFO_SYSTEM_ENV", [(0, "Sys", "Hostname", 1, "gpu-node-7")])
+        insert("PROCESSES", [(global_pid(spec.pid), spec.pid, "python train.py"), (global_pid(1), 1, "systemd")])
+        insert("TARGET_INFO_SYSTEM_ENV", [(0, "Sys", "Hostname", 1, spec.hostname)])
         meta = "META_DATA_EXPORT" if spec.shape == "2026.1" else "EXPORT_META_DATA"
         version = {"2022.4": "2022.4.2.1", "2026.1": "2026.1.1.204"}[spec.shape]
         connection.execute(f"CREATE TABLE {meta} ({columns['META']})")
@@ -247,7 +250,7 @@ class _Workload:
 
     def runtime(self) -> Iterator[tuple[object, ...]]:
         launch, copy, sync = (self.strings(n) for n in RUNTIME_NAMES[:3])
-        tid = global_tid(PID, MAIN_TID)
+        tid = global_tid(self.spec.pid, self.spec.pid)
         for step_start, step_end, launches, correlation, sync_start in self.steps:
             yield (step_start + 1_000, step_start + 9_000, 0, tid, correlation, copy, 0, None)
             for call, call_end, corr, _, _ in launches:
@@ -263,26 +266,28 @@ class _Workload:
             for _, _, corr, k, start in launches:
                 demangled, short = names[k]
                 duration = 20_000 + 3_000 * k + self.random.randint(0, 2_000)
-                yield (start, start + duration, 0, 1, *green, 7, corr, global_pid(PID), demangled, short,
+                yield (start, start + duration, 0, 1, *green, 7, corr, global_pid(self.spec.pid), demangled, short,
                        *((self.strings(f"_Z{k}kernelv"),) if mangled else ()), 1, 1, 32 + 8 * k, 128, 1, 1, 256, 1,
                        1, 0, 4096 * k, 0, 0, corr, None, None, 0, *extra)  # fmt: skip
 
     def memcpy(self) -> Iterator[tuple[object, ...]]:
+        process = global_pid(self.spec.pid)
         green = (0,) if self.spec.shape == "2026.1" else ()
         for step_start, _, _, correlation, _ in self.steps:
             start = step_start + 12_000
-            yield (start, start + 15_000, 0, 1, *green, 7, correlation, global_pid(PID), 4 << 20, 1, None, 1, 2,
+            yield (start, start + 15_000, 0, 1, *green, 7, correlation, process, 4 << 20, 1, None, 1, 2,
                    None, None, 0, 1, None, None)  # fmt: skip
 
     def syncs(self) -> Iterator[tuple[object, ...]]:
+        process = global_pid(self.spec.pid)
         green = (0,) if self.spec.shape == "2026.1" else ()
         kind = (None, 4) if self.spec.shape == "2026.1" else (1,)
         for _, step_end, _, correlation, sync_start in self.steps:
-            yield (sync_start + 500, step_end - 1_500, 0, 1, *green, 4294967295, correlation + 1, global_pid(PID),
+            yield (sync_start + 500, step_end - 1_500, 0, 1, *green, 4294967295, correlation + 1, process,
                    *kind, 4294967295)  # fmt: skip
 
     def nvtx(self) -> Iterator[tuple[object, ...]]:
-        tid = global_tid(PID, MAIN_TID)
+        tid = global_tid(self.spec.pid, self.spec.pid)
         step_name = self.strings("train_step")
         yield (-5_000, None, 75, None, None, None, "trainer", tid, None, None, 1, *([None] * 8))
         for i, (start, end, launches, _, _) in enumerate(self.steps):
@@ -308,7 +313,7 @@ class _Workload:
 
     def osrt(self) -> Iterator[tuple[object, ...]]:
         poll, ioctl = self.strings("poll"), self.strings("ioctl")
-        tid = global_tid(PID, CUPTI_TID)
+        tid = global_tid(self.spec.pid, self.spec.pid + CUPTI_TID - MAIN_TID)
         with_correlation = self.spec.shape == "2021.2"
         for step_start, _, _, _, _ in self.steps:
             yield (

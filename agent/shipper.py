@@ -126,6 +126,11 @@ class Shipper:
             self.spool.put(self._queue.popleft())
             self.spooled_batches += 1
 
+    @property
+    def connected(self) -> bool:
+        """False from a failed send until one succeeds: the server is away."""
+        return self._connected
+
     def pending(self) -> int:
         with self._changed:
             return len(self._queue) + self.spool.batches

@@ -6,23 +6,56 @@ waits for the data loader the rest, when utilisation falls and PCIe traffic rise
 follows utilisation, temperature follows power with a lag, clocks sag as it warms, energy
 integrates power, memory fills up during the first minute. Readings are a pure function of
 (GPU, time), so every run of a test sees the same telemetry at the same instants.
+
+Processes on a simulated GPU: the backend's own process (the simulated training), and any
+process that declared its use with `use_gpu()` (a file in `$TRACEHOUSE_HOME/simulated-gpus`,
+the simulated cudaMalloc) while it is alive.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from agent import metrics as m
 from agent.gpu import DeviceInfo, GpuLost, ProcessReading
+from tracehouse import config
 
 GIB = 1 << 30
 MEMORY = 80 * GIB
 IDLE_W, PEAK_W = 70.0, 700.0
 STEP_S = 0.6
 COMPUTE_SHARE = 0.8
+
+
+def declarations_folder() -> Path:
+    return config.home() / "simulated-gpus"
+
+
+def use_gpu(gpu: int, memory_bytes: int, sm_pct: float = 50.0, folder: Path | None = None) -> Path:
+    """Declare that this process uses `memory_bytes` of simulated GPU `gpu` at `sm_pct` %
+    (until it exits, or calls again): what cudaMalloc and kernels would show NVML."""
+    folder = folder or declarations_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{os.getpid()}.{gpu}.json"
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps({"memory_bytes": int(memory_bytes), "sm_pct": float(sm_pct)}))
+    partial.replace(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _phase(gpu: int, t: float) -> float:
@@ -41,12 +74,19 @@ def _busy(gpu: int, t: float) -> float:
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, count: int, clock: Callable[[], float] = time.time, started: float | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        clock: Callable[[], float] = time.time,
+        started: float | None = None,
+        declarations: Path | None = None,
+    ) -> None:
         if count < 1:
             raise ValueError("simulate at least one GPU")
         self.count = count
         self.clock = clock
         self.started = clock() if started is None else started
+        self.declarations = declarations or declarations_folder()
         self._pid = os.getpid()
 
     def indices(self) -> list[int]:
@@ -109,15 +149,31 @@ class SimulatedBackend:
     def processes(self, gpu: int) -> list[ProcessReading]:
         self._check(gpu)
         busy = _busy(gpu, self.clock())
-        return [
-            ProcessReading(
-                pid=self._pid,
-                name="python train.py (simulated)",
-                gpu_mem_bytes=float(self.read_fast(gpu)[m.GPU_MEM_USED] - GIB),
-                sm_util_pct=round(100.0 * busy),
-                mem_util_pct=round(70.0 * busy),
-            )
-        ]
+        own = ProcessReading(
+            pid=self._pid,
+            name="python train.py (simulated)",
+            gpu_mem_bytes=float(self.read_fast(gpu)[m.GPU_MEM_USED] - GIB),
+            sm_util_pct=round(100.0 * busy),
+            mem_util_pct=round(70.0 * busy),
+        )
+        return [own, *self._declared(gpu)]
+
+    def _declared(self, gpu: int) -> list[ProcessReading]:
+        readings = []
+        for path in sorted(self.declarations.glob(f"*.{gpu}.json")) if self.declarations.is_dir() else []:
+            try:
+                pid = int(path.name.split(".")[0])
+                use = json.loads(path.read_text())
+                memory, sm = float(use["memory_bytes"]), float(use["sm_pct"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written, or not a declaration
+            if pid == self._pid:
+                continue
+            if not _alive(pid):
+                path.unlink(missing_ok=True)
+                continue
+            readings.append(ProcessReading(pid=pid, name="", gpu_mem_bytes=memory, sm_util_pct=sm))
+        return readings
 
     def _check(self, gpu: int) -> None:
         if not 0 <= gpu < self.count:

@@ -7,7 +7,7 @@ the epoch, ISO-8601 text, `now-5m`, or datetime/Timestamp objects.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -136,11 +136,19 @@ class Client:
             code = error.code()
             raise QueryFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
 
-    def runs(self, host: str = "", source: str = "", name_contains: str = "", limit: int = 0) -> pd.DataFrame:
-        answer = self._call(
-            "ListRuns",
-            query_pb2.ListRunsRequest(host=host, source=source, name_contains=name_contains, limit=limit),
+    def runs(
+        self,
+        host: str = "",
+        source: str = "",
+        name_contains: str = "",
+        limit: int = 0,
+        tags: Mapping[str, str] | None = None,
+    ) -> pd.DataFrame:
+        """Runs, newest first; `tags`: only runs carrying every one of these pairs."""
+        request = query_pb2.ListRunsRequest(
+            host=host, source=source, name_contains=name_contains, limit=limit, tags=dict(tags or {})
         )
+        answer = self._call("ListRuns", request)
         rows = [
             {
                 "run_id": r.run_id,
@@ -288,6 +296,20 @@ class Client:
         """Kernel, API and memory-operation summaries of two runs side by side, biggest |Δ| first."""
         request = query_pb2.DiffRequest(run_a=run_a, run_b=run_b, summaries=list(summaries), limit=limit)
         return frame_of(self._call("Diff", request))
+
+    def compare(
+        self, run_ids: Sequence[str] = (), tags: Mapping[str, str] | None = None, top_kernels: int = 0
+    ) -> pd.DataFrame:
+        """One row per run: the runs named, in that order, then those carrying every one of
+        `tags` (newest first); at most 1000 (attrs["truncated"] says whether more matched).
+        Columns: run_id, name, status, exit_code, start, duration_s, gpus, energy_j,
+        gpu_util_mean, gpu_util_p95, sm_active_mean, proc_sm_util_mean, gpu_mem_peak_bytes,
+        busy_pct, kernels, top_kernels, then `tag.<key>` per tag key (sorted)."""
+        request = query_pb2.CompareRequest(run_ids=list(run_ids), tags=dict(tags or {}), top_kernels=top_kernels)
+        answer = self._call("Compare", request)
+        frame = _times(frame_of(answer), ("start",))
+        frame.attrs["truncated"] = answer.truncated
+        return frame
 
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
         """Read-only SQL; returns the result and whether it was truncated at max_rows."""

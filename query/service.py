@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -57,6 +57,17 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
+def _check_tags(field: str, tags: Mapping[str, str], limits: Limits) -> dict[str, str]:
+    if len(tags) > limits.max_map_entries:
+        raise QueryError(field, f"{len(tags)} pairs; the limit is {limits.max_map_entries}")
+    for key, value in tags.items():
+        if not key or len(key.encode()) > limits.max_name_bytes:
+            raise QueryError(field, f"key {key[:64]!r} is not 1 to {limits.max_name_bytes} bytes")
+        if len(value.encode()) > limits.max_string_bytes:
+            raise QueryError(f"{field}[{key[:64]!r}]", f"longer than {limits.max_string_bytes} bytes")
+    return dict(tags)
+
+
 class QueryService(query_pb2_grpc.QueryServicer):
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -92,7 +103,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def ListRuns(self, request: query_pb2.ListRunsRequest, context: Any) -> query_pb2.ListRunsResponse:
         limit = _bounded(request.limit, self.limits.max_list_rows, self.limits.max_list_rows, "limit")
-        text, params = sql.runs(request.host, request.source, request.name_contains, limit)
+        tags = _check_tags("tags", request.tags, self.limits)
+        text, params = sql.runs(request.host, request.source, request.name_contains, limit, tags)
         answer = query_pb2.ListRunsResponse()
         for row in _rows(self.store.query(text, params)):
             run = answer.runs.add(
@@ -287,6 +299,37 @@ class QueryService(query_pb2_grpc.QueryServicer):
                 raise QueryError("summaries", f"{name[:64]!r} is not one of {', '.join(analysis.DIFF_CATEGORIES)}")
         return self._table(*analysis.diff(request.run_a, request.run_b, summaries, request.limit))
 
+    def Compare(self, request: query_pb2.CompareRequest, context: Any) -> query_pb2.Table:
+        run_ids = list(dict.fromkeys(request.run_ids))  # each once, in the order named
+        if len(run_ids) > analysis.MAX_COMPARE_RUNS:
+            raise QueryError("run_ids", f"{len(run_ids)} runs; the limit is {analysis.MAX_COMPARE_RUNS}")
+        for run_id in run_ids:
+            Window(run_id=run_id).check(self.limits)
+        tags = _check_tags("tags", request.tags, self.limits)
+        if not run_ids and not tags:
+            raise QueryError("run_ids", "name at least one run, or tags that select runs")
+        top = _bounded(request.top_kernels, 3, 100, "top_kernels")
+        found = _rows(self.store.query(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1)))
+        named = {row["run_id"]: row for row in found if row["wanted"]}
+        for run_id in run_ids:
+            if run_id not in named:
+                raise RunNotFound(f"run {run_id!r} not found")
+            if named[run_id]["importing"]:
+                raise RunNotFound(f"run {run_id!r} is still being imported")
+        runs = found[: analysis.MAX_COMPARE_RUNS]
+        spans = [
+            analysis.CompareSpan(r["run_id"], r["host"], r["start_ns"], r["until_ns"], _declared_gpus(r["attrs"]))
+            for r in runs
+        ]
+        absolute = [span for span, run in zip(spans, runs, strict=True) if not run["relative_time"]]
+        telemetry = self._by_run(*analysis.compare_telemetry(absolute)) if absolute else {}
+        traced = self._by_run(*analysis.compare_traced(spans, top)) if spans else {}
+        table = _compare_table(runs, telemetry, traced)
+        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=len(found) > len(runs))
+
+    def _by_run(self, text: str, params: dict[str, object]) -> dict[str, dict[str, Any]]:
+        return {row["run_id"]: row for row in _rows(self.store.query(text, params))}
+
     def Sql(self, request: query_pb2.SqlRequest, context: Any) -> query_pb2.Table:
         if not request.sql.strip():
             raise QueryError("sql", "empty")
@@ -294,6 +337,64 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError("sql", f"longer than {self.limits.max_string_bytes} bytes")
         data, rows, truncated = self.store.user_sql(request.sql, request.max_rows)
         return query_pb2.Table(arrow_ipc=data, rows=rows, truncated=truncated)
+
+
+COMPARE_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("name", pa.string()), ("status", pa.string()), ("exit_code", pa.int64()),
+    ("start", pa.int64()), ("duration_s", pa.float64()), ("gpus", pa.string()), ("energy_j", pa.float64()),
+    ("gpu_util_mean", pa.float64()), ("gpu_util_p95", pa.float64()), ("sm_active_mean", pa.float64()),
+    ("proc_sm_util_mean", pa.float64()), ("gpu_mem_peak_bytes", pa.int64()), ("busy_pct", pa.float64()),
+    ("kernels", pa.int64()), ("top_kernels", pa.string()),
+])  # fmt: skip
+TELEMETRY_COLUMNS = (
+    "energy_j", "gpu_util_mean", "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes",
+)  # fmt: skip
+
+
+def _declared_gpus(attrs: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+    """The GPU indices in a run's `gpus` attribute ("0,1"); none when absent or not a list of indices."""
+    parts = [part.strip() for part in dict(attrs).get("gpus", "").split(",") if part.strip()]
+    if not all(part.isdigit() and len(part) <= 5 for part in parts):
+        return ()
+    return tuple(sorted({int(part) for part in parts}))
+
+
+def _exit_code(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _compare_table(
+    runs: list[dict[str, Any]], telemetry: dict[str, dict[str, Any]], traced: dict[str, dict[str, Any]]
+) -> pa.Table:
+    """One row per run, in the order given, then a `tag.<key>` column per tag key of any of them."""
+    keys = sorted({key for run in runs for key, _ in run["tags"]})
+    rows = []
+    for run in runs:
+        attrs, tags = dict(run["attrs"]), dict(run["tags"])
+        figures = telemetry.get(run["run_id"], {})
+        work = traced.get(run["run_id"], {})
+        declared = ",".join(str(gpu) for gpu in _declared_gpus(run["attrs"]))
+        rows.append({
+            "run_id": run["run_id"],
+            "name": run["name"],
+            "status": "running" if run["end_ns"] is None else (attrs.get("status") or None),
+            "exit_code": _exit_code(attrs.get("exit_code")),
+            "start": run["start_ns"],
+            "duration_s": (run["until_ns"] - run["start_ns"]) / 1e9,
+            "gpus": figures.get("gpus") or declared or None,
+            **{column: figures.get(column) for column in TELEMETRY_COLUMNS},
+            "busy_pct": work.get("busy_pct"),
+            "kernels": work.get("kernels") or 0,
+            "top_kernels": work.get("top_kernels"),
+            **{f"tag.{key}": tags.get(key) for key in keys},
+        })  # fmt: skip
+    schema = COMPARE_SCHEMA
+    for key in keys:
+        schema = schema.append(pa.field(f"tag.{key}", pa.string()))
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _unfold_gaps(table: pa.Table, limit: int) -> pa.Table:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ingest.migrations import ROLLUP_SECONDS
@@ -245,8 +245,21 @@ ORDER BY total_{u} DESC, name
     return sql, {**where.params, "summary_kinds": list(spec.kinds), "limit": limit}
 
 
-def runs(host: str, source: str, name_contains: str, limit: int) -> tuple[str, dict[str, object]]:
-    where = Predicates()
+def tag_predicates(where: Predicates, tags: Mapping[str, str]) -> Predicates:
+    """Runs carrying every one of `tags`. A missing key reads as '' from a ClickHouse map:
+    mapContains keeps it from matching an empty value."""
+    for i, (key, value) in enumerate(sorted(tags.items())):
+        where.add(
+            f"mapContains(tags, {{tag_key_{i}:String}}) AND tags[{{tag_key_{i}:String}}] = {{tag_value_{i}:String}}",
+            **{f"tag_key_{i}": key, f"tag_value_{i}": value},
+        )
+    return where
+
+
+def runs(
+    host: str, source: str, name_contains: str, limit: int, tags: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, object]]:
+    where = tag_predicates(Predicates(), tags or {})
     if host:
         where.add("host = {host:String}", host=host)
     if source:

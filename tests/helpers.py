@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,3 +81,11 @@ def import_refused(
     write(good)
     assert main(["import", "--server", address, str(good)]) == 0, "the server is unaffected"
     assert json.loads(capsys.readouterr().out)["events"]["kernel"] == 10
+
+
+def closed_port() -> str:
+    """An address where nothing listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"127.0.0.1:{port}"

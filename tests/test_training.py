@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,16 @@ import pytest
 
 import tracehouse
 from agent.batcher import Batcher
-from ingest.store import Store
+from agent.runspool import replay_spools
 from ingest.validate import check_id
 from query.client import Client
-from tests.helpers import request
+from tests.conftest import LateServer
+from tests.helpers import closed_port, request
 from tracehouse import training
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli import main
-from tracehouse.model import DEFAULT_LIMITS, Limits
-from tracehouse.serve import Server, create_server
+from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import ingest_pb2_grpc
 
 PLAIN = ClientSecurity()  # no credentials, whatever the environment says
@@ -39,14 +37,6 @@ PLAIN = ClientSecurity()  # no credentials, whatever the environment says
 
 def ns(value: Any) -> int:
     return int(pd.Timestamp(value).value)
-
-
-def closed_port() -> str:
-    """An address where nothing listens."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"127.0.0.1:{port}"
 
 
 def events_of(client: Client, run_id: str, *kinds: str) -> pd.DataFrame:
@@ -71,28 +61,6 @@ def no_run_left() -> Any:
     yield
     for left in list(training._runs):
         left.end()
-
-
-class LateServer:
-    """An address where nothing listens until `start()`: a server that comes back (on the
-    test's store, so `client` sees what it stores)."""
-
-    def __init__(self, store: Store, limits: Limits) -> None:
-        self.address = closed_port()
-        self._store = store
-        self._limits = limits
-        self.server: Server | None = None
-
-    def start(self) -> None:
-        self.server = create_server(self._store, self.address, self._limits)
-
-
-@pytest.fixture
-def late(store: Store, limits: Limits, server: Server) -> Iterator[LateServer]:
-    waiting = LateServer(store, limits)
-    yield waiting
-    if waiting.server is not None:
-        waiting.server.stop(grace=5)
 
 
 def wait_for(condition: Any, timeout: float = 30.0) -> None:
@@ -272,9 +240,9 @@ def test_replay_leaves_the_spools_of_live_runs_and_other_servers_alone(
     being_made = tmp_path / ".starting.run"  # a run's folder before it is locked and renamed
     being_made.mkdir()
     (being_made / "lock").touch()
-    assert training.replay_spools(tmp_path, address, PLAIN) == 0, "every spool left is for another server"
+    assert replay_spools(tmp_path, address, PLAIN) == 0, "every spool left is for another server"
     late.start()
-    assert training.replay_spools(tmp_path, late.address, PLAIN) == dead.report()["spooled_batches"] >= 2
+    assert replay_spools(tmp_path, late.address, PLAIN) == dead.report()["spooled_batches"] >= 2
     assert Path(live.report()["spool"]).exists() and not Path(dead.report()["spool"]).exists()
     assert Path(elsewhere.report()["spool"]).exists() and being_made.exists()
     stored = set(client.runs()["run_id"])  # and the live run's own, sent by its own shipper

@@ -210,9 +210,11 @@ def test_compare_shows_the_biggest_changes_first(
     address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = open_app(address, monkeypatch, "compare", a="r1", b="r2")
-    pd.testing.assert_frame_equal(app.dataframe[0].value, client.diff("r1", "r2"))
+    pd.testing.assert_frame_equal(app.dataframe[0].value, client.compare(["r1", "r2"]))
+    assert list(app.dataframe[0].value["run_id"]) == ["r1", "r2"]
+    pd.testing.assert_frame_equal(app.dataframe[1].value, client.diff("r1", "r2"))
     app.multiselect[0].unselect("api").unselect("memops").run()
-    assert set(app.dataframe[0].value["category"]) == {"kernels"}
+    assert set(app.dataframe[1].value["category"]) == {"kernels"}
     app = open_app(address, monkeypatch, "compare", a="r1", b="r1")
     assert "two different runs" in texts(app.info)
 

@@ -678,4 +678,10 @@ def main(args: argparse.Namespace) -> int:
         up, down = result["server_up"], result["server_down"]
         kept = up["stored_steps"] == up["recorded_steps"] and up["dropped_records"] == down["dropped_records"] == 0
         return 0 if kept else 1
+    if args.what == "run":
+        from tracehouse.bench_run import bench_run
+
+        result = bench_run(args.reps, args.gpus, args.seconds, args.children)
+        print(json.dumps(result, indent=2))
+        return 0 if result["process_tree"]["found_all"] else 1
     raise AssertionError(args.what)

@@ -329,6 +329,9 @@ def _add_query(commands: Any) -> None:
     runs.add_argument("--source", choices=RUN_SOURCES)
     runs.add_argument("--name", default="", help="part of the name or run id, any case")
     runs.add_argument("--limit", type=_positive, default=1000)
+    runs.add_argument(
+        "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="runs with every such tag"
+    )
 
     devices = sub.add_parser("devices", parents=[common], help="GPUs per host")
     devices.add_argument("--host", default="")
@@ -395,6 +398,14 @@ def _add_query(commands: Any) -> None:
     )
     diff.add_argument("--limit", type=_positive, default=None, help="the top N changes")
 
+    compare = sub.add_parser("compare", parents=[common], help="runs side by side, one row each")
+    compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids, in the order wanted")
+    compare.add_argument(
+        "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE",
+        help="and the runs with every such tag, newest first",
+    )  # fmt: skip
+    compare.add_argument("--top-kernels", type=_positive, default=3, metavar="N", help="(default %(default)s)")
+
     sql = sub.add_parser("sql", parents=[common], help="read-only SQL, limited in time and size")
     sql.add_argument("sql", help="the query; - reads it from stdin")
     sql.add_argument("--max-rows", type=_positive, default=None)
@@ -447,6 +458,56 @@ def _add_bench(commands: Any) -> None:
         metavar="SIZE",
         help="the server's bound (default %(default)s)",
     )
+    run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
+    run.add_argument(
+        "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"
+    )
+    run.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs its agent samples (default %(default)s)")
+    run.add_argument(
+        "--seconds", type=_seconds, default=20.0, help="how long the CPU is measured (default %(default)s)"
+    )
+    run.add_argument(
+        "--children", type=_positive, default=16, help="processes in the walked tree (default %(default)s)"
+    )
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a command (or a matrix of them) as a run: telemetry, its processes, exit status",
+        description="Run COMMAND as a run: its GPU telemetry (the host's agent, or one started for it), its "
+        "process tree (per-process GPU memory and utilisation are attributed to it), exit status, tags. "
+        "The exit status is the command's; SIGINT/SIGTERM/SIGHUP are passed on to it.",
+    )
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run")
+    run.add_argument("--name", default="", help="the run's name (default: the command's file name)")
+    run.add_argument("--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several")
+    run.add_argument("--gpus", default=None, metavar="0,1", help="GPUs for the command: sets CUDA_VISIBLE_DEVICES")
+    run.add_argument("--nsys", action="store_true", help="profile it under Nsight Systems and import the trace")
+    run.add_argument("--nsys-args", default="", metavar="ARGS", help="more options for `nsys profile`, quoted")
+    run.add_argument(
+        "--nsys-output", type=Path, default=None, metavar="DIR",
+        help="where reports and exports are kept (default $TRACEHOUSE_HOME/nsys)",
+    )  # fmt: skip
+    run.add_argument("--matrix", type=Path, default=None, metavar="FILE",
+                     help="run the experiments of a YAML or CSV file one after another")  # fmt: skip
+    run.add_argument("--format", choices=("table", "json", "csv"), default="table", help="the matrix's summary")
+    _add_server_option(run)
+    run.add_argument(
+        "--agent", choices=("auto", "start", "none"), default="auto",
+        help="telemetry: the host's agent if one runs for this server, else one started for the run (auto); "
+        "always start one; none",
+    )  # fmt: skip
+    run.add_argument("--simulate", type=_positive, metavar="N", help="the started agent samples N simulated GPUs")
+    run.add_argument("--interval", type=_tick, default=0.1, help="the started agent's seconds between samples")
+    run.add_argument("--env", action="append", default=[], metavar="NAME",
+                     help="also record this environment variable (CUDA_VISIBLE_DEVICES, NCCL_*, ... are)")  # fmt: skip
+    run.add_argument("--host", default="", help="host name to record (default: this machine's)")
+    run.add_argument(
+        "--spool", type=Path, default=None, metavar="DIR",
+        help="folder of the runs' spools (default $TRACEHOUSE_HOME/spool/runs)",
+    )  # fmt: skip
+    _add_client_security(run)
 
 
 def _add_token(commands: Any) -> None:
@@ -468,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
     _add_agent(commands)
+    _add_run(commands)
     _add_import(commands)
     _add_demo_train(commands)
     _add_query(commands)
@@ -494,7 +556,7 @@ def run_query(args: argparse.Namespace) -> int:
     frame: pd.DataFrame | dict[str, pd.DataFrame]
     try:
         if args.what == "runs":
-            frame = client.runs(args.host, args.source or "", args.name, args.limit)
+            frame = client.runs(args.host, args.source or "", args.name, args.limit, dict(args.tag))
         elif args.what == "devices":
             frame = client.devices(args.host)
         elif args.what == "metrics":
@@ -518,6 +580,13 @@ def run_query(args: argparse.Namespace) -> int:
                 print("tracehouse: diff compares two runs: --run A --run B", file=sys.stderr)
                 return EXIT_USAGE
             frame = client.diff(args.runs[0], args.runs[1], args.summary, args.limit or 0)
+        elif args.what == "compare":
+            if not args.runs and not args.tag:
+                print("tracehouse: compare needs run ids, --tag KEY=VALUE, or both", file=sys.stderr)
+                return EXIT_USAGE
+            frame = client.compare(args.runs, dict(args.tag), args.top_kernels)
+            if frame.attrs.get("truncated"):
+                print(f"tracehouse: more runs matched; the first {len(frame)} are shown", file=sys.stderr)
         else:
             text = sys.stdin.read() if args.sql == "-" else args.sql
             frame = client.sql(text, args.max_rows or 0)
@@ -568,6 +637,7 @@ def run_agent(args: argparse.Namespace) -> int:
         security=_client_security(args),
         host_metrics=not args.no_host_metrics,
         watch=args.watch,
+        host_agent=True,
     )
     if args.watch is not None and not args.watch.is_dir():
         print(f"tracehouse: --watch {args.watch}: not a folder", file=sys.stderr)
@@ -585,6 +655,58 @@ def run_agent(args: argparse.Namespace) -> int:
     stop.wait(args.duration)
     print(json.dumps(agent.stop()), flush=True)
     return 0
+
+
+def run_run(args: argparse.Namespace) -> int:
+    import shlex
+    import socket
+
+    from tracehouse import launcher
+    from tracehouse.matrix import MatrixError, load_matrix
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not args.verbose:  # the command's output is what matters on this terminal
+        for chatty in ("tracehouse.agent", "tracehouse.runspool"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+    try:
+        if bool(command) == (args.matrix is not None):
+            raise launcher.LaunchError("give a COMMAND (after --) or --matrix FILE, not both" if command
+                                       else "nothing to run: give a COMMAND after --, or --matrix FILE")  # fmt: skip
+        try:
+            nsys_args = shlex.split(args.nsys_args)
+        except ValueError as error:
+            raise launcher.LaunchError(f"--nsys-args {args.nsys_args!r}: {error}") from None
+        if nsys_args and not args.nsys:
+            raise launcher.LaunchError("--nsys-args: only with --nsys")
+        settings = launcher.Settings(
+            server=args.server or config.default_server(), server_given=args.server is not None,
+            host=args.host or socket.gethostname(), spool_root=args.spool or config.default_spool() / "runs",
+            nsys_dir=args.nsys_output or config.home() / "nsys", security=_client_security(args), agent=args.agent,
+            simulate=args.simulate, interval=args.interval, record_env=launcher.check_env_names(args.env),
+        )  # fmt: skip
+        if args.matrix is not None:
+            if args.name or args.gpus or args.nsys:
+                raise launcher.LaunchError("--matrix: set name, gpus and nsys for each experiment in the file")
+            matrix = load_matrix(args.matrix)
+            extra = dict(args.tag)
+            slots = [tuple(_with_tags(spec, extra) for spec in slot) for slot in matrix.slots]
+            if any(spec.nsys for slot in slots for spec in slot):
+                launcher.nsys_path()
+            return launcher.run_matrix(settings, slots, args.matrix.name, args.format)
+        gpus = launcher.gpu_list(args.gpus) if args.gpus is not None else None
+        if args.nsys:
+            launcher.nsys_path()
+        spec = launcher.single_spec(command, args.name, dict(args.tag), gpus, args.nsys, nsys_args)
+        return launcher.run_one(settings, spec)
+    except (launcher.LaunchError, MatrixError) as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return error.status if isinstance(error, launcher.LaunchError) else EXIT_USAGE
+
+
+def _with_tags(spec: Any, tags: dict[str, str]) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec, tags={**tags, **spec.tags}) if tags else spec
 
 
 def run_demo_train(args: argparse.Namespace) -> int:
@@ -791,6 +913,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_schema(args)
     if args.command == "demo-train":
         return run_demo_train(args)
+    if args.command == "run":
+        return run_run(args)
     if args.command == "bench":
         from tracehouse import bench
 

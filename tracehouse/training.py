@@ -25,8 +25,8 @@ the server it is for) while the server is away. Batch ids are `RUN_ID/SESSION/SE
 session (`STARTHEX.PID`) telling apart processes given one `run_id`. At the end of a run, open
 phases and the open step end with it, and what is still pending gets one try of up to
 `end_timeout` seconds, which a failed send ends early; what remains stays in the spool: the
-next run on this machine aimed at the same server sends it, as the agent does with its own
-spool. The agent does not read these folders.
+next run on this machine aimed at the same server sends it, and so does the host's agent
+(`tracehouse agent`, every 30 s).
 
 Times are the run's start on the wall clock plus the monotonic clock since then: a wall
 clock set back during a run never makes an event end before it starts.
@@ -72,13 +72,11 @@ FLUSH_INTERVAL_S = 1.0  # a batch closes after this long...
 BATCH_EVENTS = 50_000  # ...or with this many events (or the Batcher's 50,000 sample values)
 END_TIMEOUT_S = 5.0  # at the end of a run: time for the pending batches to reach a server that answers
 CALL_TIMEOUT_S = 5.0  # one Write
-REPLAY_PATIENCE_S = 10.0  # a leftover spool that makes no progress this long is left for later
 STEP_STARTS_KEPT = 4096  # steps whose start a late scalar(..., step=i) can still find
 MAX_NAME_BYTES = 256  # metric names and tag keys (tracehouse.model.Limits.max_name_bytes)
 MAX_TEXT_BYTES = 64 << 10  # event names, tag values (Limits.max_string_bytes)
 STEP_NAME = "step"
 MAX_ID_BYTES = 128  # batch ids (Limits.max_id_bytes)
-SERVER_FILE = "server"  # in a run's spool folder: the server its batches are for
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 _perf_ns = time.perf_counter_ns
 
@@ -397,13 +395,14 @@ class Run:
     def _start(self, nvtx: bool | None) -> None:
         _no_grpc_fork_handlers()
         from agent.batcher import Batcher
+        from agent.runspool import replay_spools, spool_folder
         from agent.shipper import Shipper
         from agent.spool import Spool
 
         security = self._security if self._security is not None else _environment_security()
         self._security = security  # the end's shipper uses it too
         self._nvtx = _nvtx_module(nvtx)
-        folder, self._lock_file = _spool_folder(self.spool_root, f"{self.run_id}.{self.session}", self.server)
+        folder, self._lock_file = spool_folder(self.spool_root, f"{self.run_id}.{self.session}", self.server)
         self.spool: Spool = Spool(folder, self._spool_max_bytes, on_drop=self._batch_dropped)
         self.shipper: Shipper = Shipper(
             self.server, self.spool, on_stored=self._batch_stored, on_dropped=self._batch_dropped,
@@ -441,6 +440,8 @@ class Run:
         torch = sys.modules.get("torch")
         if torch is not None:
             attrs["torch"] = str(getattr(torch, "__version__", "unknown"))
+        if os.environ.get("TRACEHOUSE_PARENT_RUN"):  # started by `tracehouse run`
+            attrs["parent_run"] = os.environ["TRACEHOUSE_PARENT_RUN"][:128]
         for variable in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"):
             if os.environ.get(variable):
                 attrs[variable.lower()] = os.environ[variable][:1024]
@@ -607,6 +608,8 @@ class Run:
         self.batcher.flush()
 
     def _finish(self) -> None:
+        from agent.runspool import remove_spool
+
         self._drain()
         end = max(self.started_ns, self._end_ns if self._end_ns is not None else _perf_ns() + self._base_ns)
         for tid in list(self._open_steps):
@@ -622,7 +625,7 @@ class Run:
             if self._lock_file is not None:
                 self._lock_file.close()  # the spool is the next run's to send
         else:
-            _remove_spool(self.spool.folder, self._lock_file)
+            remove_spool(self.spool.folder, self._lock_file)
 
     def _ship_pending(self, deadline: float) -> None:
         """The end's one try: ship what is pending until the deadline, or until a send fails.
@@ -812,107 +815,3 @@ def _nvtx_module(wanted: bool | None) -> Any:
 
 def _process_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-
-
-def _spool_folder(root: Path, name: str, server: str) -> tuple[Path, Any]:
-    """The run's spool folder `root/name`, locked, with the server it is for in SERVER_FILE.
-    It is made under a hidden name and renamed once locked, so that another process's replay
-    never finds it unlocked (and removes it as an empty leftover)."""
-    root.mkdir(parents=True, exist_ok=True)
-    hidden = root / f".{name}"
-    hidden.mkdir(exist_ok=True)
-    lock = _lock(hidden)
-    (hidden / SERVER_FILE).write_text(f"{server}\n")
-    folder = root / name
-    hidden.rename(folder)
-    return folder, lock
-
-
-def _lock(folder: Path) -> Any:
-    """Hold an exclusive lock on the spool folder while the run lives, so that another run's
-    replay leaves it alone; None where there is no fcntl (then nothing is replayed)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    handle = (folder / "lock").open("a")
-    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return handle
-
-
-def _spool_server(folder: Path) -> str | None:
-    """The server a run's spool is for; None for a folder that does not say."""
-    try:
-        return (folder / SERVER_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _remove_spool(folder: Path, lock: Any) -> None:
-    with contextlib.suppress(OSError):
-        (folder / SERVER_FILE).unlink(missing_ok=True)
-        (folder / "lock").unlink(missing_ok=True)
-        if lock is not None:
-            lock.close()
-        folder.rmdir()
-
-
-def replay_spools(
-    root: Path,
-    server: str,
-    security: ClientSecurity | None = None,
-    stop: threading.Event | None = None,
-    skip: str = "",
-) -> int:
-    """Send what earlier runs left in their spools under `root` (a folder per run, not locked
-    by a live process) for `server` (the server their runs were sent to, or none named),
-    oldest batch first; a spool sent whole is removed. One that makes no progress for
-    REPLAY_PATIENCE_S (the server is away) is left for later. Returns the batches sent."""
-    from agent.shipper import Shipper
-    from agent.spool import Spool
-
-    try:
-        import fcntl
-    except ImportError:
-        return 0
-    stop = stop or threading.Event()
-    sent = 0
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != skip) if root.is_dir() else []
-    for folder in folders:
-        if stop.is_set():
-            break
-        if folder.name.startswith(".") or _spool_server(folder) not in (None, server):
-            continue  # one being made, or another server's
-        try:
-            handle: Any = (folder / "lock").open("a")
-        except OSError:
-            continue
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live run's
-            handle.close()
-            continue
-        try:
-            spool = Spool(folder, 1 << 40, on_drop=lambda *_: None)
-            if spool.batches:
-                before = spool.batches
-                log.info("tracehouse: sending %d batches left in %s", before, folder)
-                shipper = Shipper(server, spool, on_stored=lambda *_: None, on_dropped=lambda *_: None,
-                                  security=security, call_timeout=CALL_TIMEOUT_S)  # fmt: skip
-                left, since = spool.batches, time.monotonic()
-                while spool.batches and not stop.wait(0.05):
-                    if spool.batches < left:
-                        left, since = spool.batches, time.monotonic()
-                    elif time.monotonic() - since > REPLAY_PATIENCE_S:
-                        break
-                shipper.shutdown(0.0)
-                sent += before - spool.batches
-            if not spool.batches:
-                _remove_spool(folder, handle)
-                handle = None
-        except Exception as error:
-            log.warning("tracehouse: could not replay %s: %s", folder, error)
-        finally:
-            if handle is not None:
-                handle.close()
-    return sent

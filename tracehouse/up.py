@@ -151,7 +151,8 @@ class Up:
             what = "2 simulated GPUs"
         started = time.time_ns()
         own = ClientSecurity(self.agent_token)
-        self.agent = Agent(AgentConfig(server=address, spool=config.default_spool(), security=own), backend)
+        settings = AgentConfig(server=address, spool=config.default_spool(), security=own, host_agent=True)
+        self.agent = Agent(settings, backend)
         self.agent.start()
         if self.demo:
             from tracehouse.demo import load_demo

@@ -26,16 +26,25 @@ class Window(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ..., range_name: _Optional[str] = ..., range_instance: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("host", "source", "name_contains", "limit")
+    __slots__ = ("host", "source", "name_contains", "limit", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     HOST_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     NAME_CONTAINS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     host: str
     source: str
     name_contains: str
     limit: int
-    def __init__(self, host: _Optional[str] = ..., source: _Optional[str] = ..., name_contains: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, host: _Optional[str] = ..., source: _Optional[str] = ..., name_contains: _Optional[str] = ..., limit: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs",)
@@ -270,3 +279,20 @@ class DiffRequest(_message.Message):
     summaries: _containers.RepeatedScalarFieldContainer[str]
     limit: int
     def __init__(self, run_a: _Optional[str] = ..., run_b: _Optional[str] = ..., summaries: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CompareRequest(_message.Message):
+    __slots__ = ("run_ids", "tags", "top_kernels")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TOP_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.ScalarMap[str, str]
+    top_kernels: int
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., tags: _Optional[_Mapping[str, str]] = ..., top_kernels: _Optional[int] = ...) -> None: ...

@@ -103,6 +103,11 @@ class QueryStub:
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.DiffRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
                 _registered_method=True)
+        self.Compare = channel.unary_unary(
+                '/tracehouse.v1.Query/Compare',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.CompareRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -204,6 +209,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Compare(self, request, context):
+        """Runs side by side, one row each: status, duration, energy, GPU utilisation, the runs' own
+        processes' SM use and memory peak, and for traced runs busy %, kernels and top kernels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +283,11 @@ def add_QueryServicer_to_server(servicer, server):
             'Diff': grpc.unary_unary_rpc_method_handler(
                     servicer.Diff,
                     request_deserializer=tracehouse_dot_v1_dot_query__pb2.DiffRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
+            ),
+            'Compare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compare,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.CompareRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
             ),
     }
@@ -627,6 +645,33 @@ class Query:
             target,
             '/tracehouse.v1.Query/Diff',
             tracehouse_dot_v1_dot_query__pb2.DiffRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Compare',
+            tracehouse_dot_v1_dot_query__pb2.CompareRequest.SerializeToString,
             tracehouse_dot_v1_dot_query__pb2.Table.FromString,
             options,
             channel_credentials,

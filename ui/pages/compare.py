@@ -1,5 +1,5 @@
-"""Two runs side by side: kernels, CUDA API and memory operations matched by name, the
-biggest changes first."""
+"""Two runs side by side: their key figures (duration, energy, utilisation, memory peak, busy %),
+then kernels, CUDA API and memory operations matched by name, the biggest changes first."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ run_a = pick(left, "Run A (before)", "a", newest_pair[1])
 run_b = pick(right, "Run B (after)", "b", newest_pair[0])
 if {"a": run_a, "b": run_b} != {k: params.get(k) for k in ("a", "b")}:
     st.query_params.from_dict({"a": run_a, "b": run_b})
-summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
 if run_a == run_b:
     st.info("Pick two different runs.")
     st.stop()
+st.dataframe(ask("compare", (run_a, run_b)), hide_index=True, width="stretch")
+summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
 changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
 table(changes, "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A (ns)")

@@ -1,0 +1,410 @@
+"""`tracehouse run`: a command (or a matrix of them) as a run, against the real server, with
+the agent it starts sampling simulated GPUs; `tracehouse run` itself runs as a subprocess,
+so that exit statuses and signals are the real ones."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from agent.daemon import Agent, AgentConfig
+from agent.simulated import SimulatedBackend
+from query.client import Client
+from tests.conftest import LateServer
+
+GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    folder = tmp_path / "home"
+    folder.mkdir()
+    return folder
+
+
+def run_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEHOUSE_")}
+    return {**env, "TRACEHOUSE_HOME": str(home), "PYTHONPATH": str(REPO), **extra}
+
+
+def run_args(address: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "tracehouse.cli", "run", "--server", address, "--simulate", "2",
+            "--interval", "0.05", *args]  # fmt: skip
+
+
+def tracehouse_run(address: str, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(run_args(address, *args), env=run_env(home, **env), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def python(code: str) -> list[str]:
+    return ["--", sys.executable, "-c", textwrap.dedent(code)]
+
+
+def the_run(client: Client, name: str) -> dict[str, Any]:
+    runs = client.runs(source="user")
+    found = runs[runs["name"] == name]
+    assert len(found) == 1, f"runs named {name!r}: {list(runs['name'])}"
+    return dict(found.iloc[0])
+
+
+def ns(value: Any) -> int:
+    return int(pd.Timestamp(value).value)
+
+
+def processes_of(client: Client, run_id: str) -> pd.DataFrame:
+    return client.events(["process"], run=run_id)
+
+
+# -- one command ----------------------------------------------------------------------------
+
+
+def test_a_short_command_becomes_a_run_with_telemetry_and_its_processes(
+    address: str, client: Client, home: Path
+) -> None:
+    done = tracehouse_run(
+        address, home, "--name", "demo", "--tag", "bs=64", "--tag", "model=tiny", "--gpus", "1", "--env", "MY_KNOB",
+        *python("import os, time; time.sleep(1.2); print('visible', os.environ['CUDA_VISIBLE_DEVICES'])"),
+        MY_KNOB="7", OMP_NUM_THREADS="3",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "visible 1" in done.stdout, "the command's output is its own, and it got its GPU"
+    run = the_run(client, "demo")
+    attrs = run["attrs"]
+    assert run["tags"] == {"bs": "64", "model": "tiny"}
+    assert attrs["status"] == "ok" and attrs["exit_code"] == "0"
+    assert attrs["gpus"] == "1" and attrs["env.CUDA_VISIBLE_DEVICES"] == "1"
+    assert attrs["env.CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and attrs["env.OMP_NUM_THREADS"] == "3"
+    assert attrs["env.MY_KNOB"] == "7"
+    assert "time.sleep(1.2)" in attrs["command"] and attrs["launcher"] == "tracehouse run"
+    assert attrs["telemetry"].startswith("started for the run: simulated")
+    start, end = ns(run["start"]), ns(run["end"])
+    assert 1.2e9 <= end - start < 30e9
+    processes = processes_of(client, run["run_id"])
+    assert list(processes["pid"]) == [int(attrs["pid"])]
+    assert processes["extras"].iloc[0]["root"] == "true"
+    # the agent started for the run sampled both simulated GPUs all along
+    sampled = client.sql(
+        f"SELECT gpu, count() AS n, min(ts) AS first, max(ts) AS last FROM samples WHERE metric = 'gpu.util_pct'"
+        f" AND ts >= fromUnixTimestamp64Nano({start}) AND ts < fromUnixTimestamp64Nano({end}) GROUP BY gpu ORDER BY gpu"
+    )  # fmt: skip
+    assert list(sampled["gpu"]) == [0, 1] and (sampled["n"] >= 10).all()
+    assert "tracehouse: run demo" in done.stderr and ": ok after" in done.stderr
+
+
+def test_a_failing_command_gives_its_exit_status_and_a_failed_run(address: str, client: Client, home: Path) -> None:
+    done = tracehouse_run(address, home, "--name", "fails", *python("import sys; sys.exit(3)"))
+    assert done.returncode == 3
+    attrs = the_run(client, "fails")["attrs"]
+    assert attrs["status"] == "failed: exit 3" and attrs["exit_code"] == "3"
+
+
+def test_a_command_that_does_not_exist_is_127_and_a_failed_run(address: str, client: Client, home: Path) -> None:
+    done = tracehouse_run(address, home, "--name", "missing", "--", "no-such-command-th", "--flag")
+    assert done.returncode == 127
+    assert "command not found: no-such-command-th" in done.stderr
+    run = the_run(client, "missing")
+    assert run["attrs"]["status"] == "failed: command not found: no-such-command-th"
+    assert run["attrs"]["exit_code"] == "127" and not pd.isna(run["end"])
+
+
+def test_a_command_killed_by_a_signal_is_128_plus_it(address: str, client: Client, home: Path) -> None:
+    done = tracehouse_run(address, home, "--name", "killed", *python("import os, signal; os.kill(os.getpid(), 9)"))
+    assert done.returncode == 128 + 9
+    assert the_run(client, "killed")["attrs"]["status"] == "killed: SIGKILL"
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_sent_to_tracehouse_run_reaches_the_command_and_the_run_is_closed(
+    address: str, client: Client, home: Path, tmp_path: Path, number: int
+) -> None:
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    code = f"""
+        import pathlib, signal, sys, time
+        def stop(number, frame):
+            pathlib.Path({str(got)!r}).write_text(signal.Signals(number).name)
+            sys.exit(5)
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(60)
+    """
+    process = subprocess.Popen(run_args(address, "--name", "stopped", *python(code)), env=run_env(home),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.02)
+    process.send_signal(number)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 5, stderr
+    assert got.read_text() == signal.Signals(number).name, "the command had the signal, once"
+    assert "passed on to the command" in stderr
+    run = the_run(client, "stopped")
+    assert run["attrs"]["status"] == "failed: exit 5" and not pd.isna(run["end"])
+
+
+def test_gpu_memory_of_forked_children_goes_to_their_run_not_to_a_neighbour(
+    address: str, client: Client, home: Path
+) -> None:
+    """A neighbour on the same simulated GPU (its own process, not in the run) and the
+    simulated training of the agent itself use GPU 0 too; only the run's tree counts."""
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", "from agent.simulated import use_gpu; import time; use_gpu(0, 7 << 30, 90);"
+         " print('ready', flush=True); time.sleep(60)"],
+        env=run_env(home), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert neighbour.stdout is not None and neighbour.stdout.readline().strip() == "ready"
+        code = """
+            import os, time
+            from agent.simulated import use_gpu
+            children = []
+            for size in (1, 2):
+                pid = os.fork()
+                if pid == 0:
+                    use_gpu(0, size << 30, 20 * size)
+                    time.sleep(2.5)
+                    os._exit(0)
+                children.append(pid)
+            for pid in children:
+                os.waitpid(pid, 0)
+        """
+        done = tracehouse_run(address, home, "--name", "forks", "--gpus", "0", *python(code))
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert done.returncode == 0, done.stderr
+    run = the_run(client, "forks")
+    processes = processes_of(client, run["run_id"])
+    root = int(run["attrs"]["pid"])
+    children = set(processes["pid"]) - {root}
+    assert len(children) == 2 and neighbour.pid not in set(processes["pid"])
+    assert {e["ppid"] for e in processes["extras"] if "root" not in e} == {str(root)}
+    pids = ",".join(str(p) for p in processes["pid"])
+    memory = client.sql(
+        f"SELECT pid, max(value) AS peak FROM samples WHERE metric = 'proc.gpu_mem_bytes' AND gpu = 0"
+        f" AND pid IN ({pids}) GROUP BY pid ORDER BY peak"
+    )  # fmt: skip
+    assert list(memory["peak"]) == [1 * GIB, 2 * GIB], "each child's own memory, sampled by the run's agent"
+    neighbours = client.sql(f"SELECT max(value) AS peak FROM samples WHERE pid = {neighbour.pid}")
+    assert neighbours["peak"].iloc[0] == 7 * GIB, "the neighbour was sampled too, under its own pid"
+    figures = client.compare([run["run_id"]]).iloc[0]
+    assert figures["gpu_mem_peak_bytes"] == 3 * GIB, "both children at once; not the neighbour's 7 GiB"
+
+
+def test_the_host_agent_is_used_when_it_runs(
+    address: str, client: Client, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACEHOUSE_HOME", str(home))  # where the host agent says it runs
+    config = AgentConfig(server=address, spool=tmp_path / "spool", interval=0.05, host_agent=True,
+                         run_name="host agent")  # fmt: skip
+    agent = Agent(config, SimulatedBackend(3))
+    agent.start()
+    try:
+        done = tracehouse_run(address, home, "--name", "guest", "--gpus", "2", *python("pass"))
+        refused = tracehouse_run(address, home, "--gpus", "5", *python("pass"))
+    finally:
+        agent.stop()
+    assert done.returncode == 0, done.stderr
+    attrs = the_run(client, "guest")["attrs"]
+    assert attrs["telemetry"] == f"host agent (pid {os.getpid()}, run {agent.run_id})"
+    assert set(client.runs(source="agent")["run_id"]) == {agent.run_id}, "no agent of its own"
+    assert refused.returncode == 2 and "GPU 5 is not on this host (GPUs: 0,1,2)" in refused.stderr
+
+
+# -- Nsight Systems -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_nsys(tmp_path: Path) -> str:
+    """A folder holding an `nsys` that is tests/fake_nsys.py, for PATH."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "nsys"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "tests" / "fake_nsys.py"}" "$@"\n')
+    script.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_nsys_profiles_the_command_and_its_trace_joins_the_run(
+    address: str, client: Client, home: Path, fake_nsys: str
+) -> None:
+    done = tracehouse_run(
+        address, home, "--name", "traced", "--nsys", "--nsys-args", "--trace=cuda,nvtx --sample none",
+        *python("import sys, time; time.sleep(0.5); sys.exit(4)"), PATH=fake_nsys,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    run = the_run(client, "traced")
+    attrs = run["attrs"]
+    assert attrs["status"] == "failed: exit 4" and attrs["trace"] == "nsys", attrs
+    assert attrs["trace.nsys_version"] == "2026.1.1.204" and attrs["nsys.args"] == "--trace=cuda,nvtx --sample none"
+    assert Path(attrs["nsys.report"]).exists() and Path(attrs["nsys.export"]).exists()
+    kernels = client.events(["kernel"], run=run["run_id"])
+    assert len(kernels) == 10 * 5, "the synthetic export's kernels, in the run itself"
+    assert ns(run["start"]) <= ns(kernels["start"].min()) and ns(kernels["end"].max()) <= ns(run["end"])
+    profiled = set(kernels["pid"])
+    tree = processes_of(client, run["run_id"])
+    assert profiled <= set(tree["pid"]) and int(attrs["pid"]) not in profiled, "the app under nsys, a grandchild"
+    assert [pid for pid, extras in zip(tree["pid"], tree["extras"], strict=True) if "root" in extras] == [
+        int(attrs["pid"])
+    ], "nsys itself is the root"
+    figures = client.compare([run["run_id"]]).iloc[0]
+    assert figures["kernels"] == 50 and 0 < figures["busy_pct"] <= 100
+
+
+def test_nsys_missing_is_refused_before_anything_starts(address: str, client: Client, home: Path) -> None:
+    done = tracehouse_run(address, home, "--nsys", *python("pass"), PATH="/nonexistent")
+    assert done.returncode == 2
+    assert "--nsys: no `nsys` on PATH" in done.stderr
+    assert client.runs().empty
+
+
+# -- the server away ------------------------------------------------------------------------------
+
+
+def test_with_the_server_away_the_run_is_spooled_and_arrives_when_it_is_back(
+    late: LateServer, client: Client, home: Path
+) -> None:
+    done = tracehouse_run(late.address, home, "--name", "offline", *python("print('still ran')"))
+    assert done.returncode == 0 and "still ran" in done.stdout
+    assert "did not answer" in done.stderr and "batches wait in" in done.stderr
+    spools = [p for p in (home / "spool" / "runs").iterdir() if not p.name.startswith(".")]
+    assert len(spools) == 2, "the run's and its agent's"
+    late.start()
+    again = tracehouse_run(late.address, home, "--name", "online", *python("pass"))
+    assert again.returncode == 0, again.stderr
+    deadline = time.monotonic() + 30
+    while set(client.runs(source="user")["name"]) != {"offline", "online"}:
+        assert time.monotonic() < deadline, "the spooled run never arrived"
+        time.sleep(0.1)
+    offline = the_run(client, "offline")
+    assert offline["attrs"]["status"] == "ok" and len(processes_of(client, offline["run_id"])) == 1
+    assert not [p for p in (home / "spool" / "runs").iterdir() if not p.name.startswith(".")]
+
+
+def test_the_host_agent_sends_what_runs_left_in_their_spools(
+    late: LateServer, client: Client, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done = tracehouse_run(late.address, home, "--name", "left-behind", "--agent", "none", *python("pass"))
+    assert done.returncode == 0 and "did not answer" in done.stderr
+    late.start()
+    monkeypatch.setenv("TRACEHOUSE_HOME", str(home))
+    config = AgentConfig(server=late.address, spool=tmp_path / "spool", host_agent=True, replay_interval=0.2)
+    agent = Agent(config, SimulatedBackend(1))
+    agent.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "left-behind" not in set(client.runs(source="user")["name"]):
+            assert time.monotonic() < deadline, "the agent never sent the run's spool"
+            time.sleep(0.1)
+    finally:
+        agent.stop()
+    assert the_run(client, "left-behind")["attrs"]["telemetry"] == "none (--agent none)"
+
+
+# -- options refused ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0,x", "--", "true"], "--gpus '0,x': 'x' is not a GPU index"),
+        (["--gpus", "7", "--", "true"], "--gpus: GPU 7 is not on this host (GPUs: 0,1)"),
+        (["--env", "HF_TOKEN", "--", "true"], "--env HF_TOKEN: looks like it holds a secret"),
+        (["--env", "1BAD", "--", "true"], "--env '1BAD': not an environment variable name"),
+        ([], "nothing to run: give a COMMAND after --, or --matrix FILE"),
+        (["--nsys-args=--trace=cuda", "--", "true"], "--nsys-args: only with --nsys"),
+        (["--nsys", "--nsys-args", "'unclosed", "--", "true"], '--nsys-args "\'unclosed": No closing quotation'),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(
+    address: str, client: Client, home: Path, args: list[str], message: str
+) -> None:
+    done = tracehouse_run(address, home, *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert client.runs(source="user").empty
+
+
+# -- matrices ------------------------------------------------------------------------------------
+
+
+def test_a_matrix_runs_every_entry_tags_them_and_prints_the_summary(
+    address: str, client: Client, home: Path, tmp_path: Path
+) -> None:
+    matrix = tmp_path / "experiments.yaml"
+    script = "import sys, time; from agent.simulated import use_gpu; use_gpu(0, int(sys.argv[1]) << 30, 40);" \
+             " time.sleep(1.5); sys.exit(int(sys.argv[2]))"  # fmt: skip
+    matrix.write_text(textwrap.dedent(f"""\
+        defaults:
+          gpus: "0"
+          tags: {{suite: smoke}}
+        experiments:
+          - name: "train-bs{{batch}}"
+            command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}, "{{batch}}", "0"]
+            params: {{batch: [1, 2]}}
+          - name: shared
+            collocated:
+              - {{name: left, command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}, "3", "0"]}}
+              - {{name: right, command: [{json.dumps(sys.executable)}, "-c", {json.dumps(script)}, "1", "9"]}}
+    """))  # fmt: skip
+    done = tracehouse_run(address, home, "--matrix", str(matrix), "--tag", "campaign=c1", "--format", "csv")
+    assert done.returncode == 1, done.stderr  # one run failed; the matrix went on
+    summary = {row["name"]: row for row in csv.DictReader(io.StringIO(done.stdout))}
+    assert set(summary) == {"train-bs1", "train-bs2", "left", "right"}
+    assert summary["right"]["status"] == "failed: exit 9" and summary["right"]["exit_code"] == "9"
+    assert summary["train-bs2"]["tag.batch"] == "2" and summary["left"]["tag.campaign"] == "c1"
+    for name, gib in (("train-bs1", 1), ("train-bs2", 2), ("left", 3), ("right", 1)):
+        assert float(summary[name]["gpu_mem_peak_bytes"]) == gib * GIB, name
+        assert 1.5 <= float(summary[name]["duration_s"]) < 30
+        assert float(summary[name]["energy_j"]) > 0 and float(summary[name]["sm_util_pct"]) == 40
+    runs = client.runs(source="user", tags={"suite": "smoke", "campaign": "c1"}).set_index("name")
+    assert set(runs.index) == set(summary)
+    assert runs.loc["train-bs1", "tags"] == {"suite": "smoke", "campaign": "c1", "batch": "1", "repetition": "1"}
+    left, right = runs.loc["left"], runs.loc["right"]
+    assert ns(left["start"]) < ns(right["end"]) and ns(right["start"]) < ns(left["end"]), "collocated: together"
+    assert ns(runs.loc["train-bs1", "end"]) <= ns(runs.loc["train-bs2", "start"]), "the others one after another"
+
+
+def test_a_bad_matrix_is_refused_naming_the_line_before_anything_starts(
+    address: str, client: Client, home: Path, tmp_path: Path
+) -> None:
+    matrix = tmp_path / "experiments.yaml"
+    matrix.write_text("experiments:\n  - name: a\n    command: 'true'\n  - name: b\n    comand: 'true'\n")
+    done = tracehouse_run(address, home, "--matrix", str(matrix))
+    assert done.returncode == 2
+    assert "experiments.yaml line 5: unknown key 'comand'" in done.stderr, done.stderr
+    assert client.runs().empty
+
+
+def test_a_run_past_its_timeout_is_stopped_and_the_matrix_goes_on(
+    address: str, client: Client, home: Path, tmp_path: Path
+) -> None:
+    matrix = tmp_path / "timeouts.csv"
+    matrix.write_text(
+        "name,command,timeout\n"
+        "# a comment line\n"
+        f"slow,{sys.executable} -c 'import time; time.sleep(60)',0.5\n"
+        f"quick,{sys.executable} -c 'pass',\n"
+    )
+    started = time.monotonic()
+    done = tracehouse_run(address, home, "--matrix", str(matrix), "--format", "json")
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 30
+    summary = {row["name"]: row for row in json.loads(done.stdout)}
+    assert summary["slow"]["status"] == "failed: timeout after 0.5 s (killed: SIGTERM)"
+    assert summary["slow"]["exit_code"] == 128 + signal.SIGTERM and summary["quick"]["status"] == "ok"
+    assert the_run(client, "slow")["attrs"]["matrix_line"] == "3"
