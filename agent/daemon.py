@@ -137,7 +137,7 @@ class Agent:
             self._presence = announce(
                 self.config.server,
                 {"run_id": self.run_id, "backend": self.backend.name, "gpus": self.backend.indices(),
-                 "interval_s": self.config.interval},
+                 "interval_s": self.config.interval, "flush_interval_s": self.config.flush_interval},
             )  # fmt: skip
             replayer = threading.Thread(target=self._replay_runs, name="runs-replay", daemon=True)
             replayer.start()

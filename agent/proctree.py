@@ -36,6 +36,7 @@ class ProcessTree:
         self.processes: dict[int, TreeProcess] = {}
         self._handles: dict[int, psutil.Process] = {}
         self._wall_ns = wall_ns
+        self._proc_lists_children = True  # until a process is found whose children /proc does not list
 
     def add_root(self, pid: int) -> None:
         self._track(pid, self._wall_ns())
@@ -72,8 +73,9 @@ class ProcessTree:
                 del self._handles[pid]
                 continue
             self.processes[pid].last_ns = now
-            children = _proc_children(pid)
+            children = _proc_children(pid) if self._proc_lists_children else None
             if children is None:
+                self._proc_lists_children = not Path(f"/proc/{pid}").is_dir()  # not gone: not listed here
                 parents = parents if parents is not None else _children_by_parent()
                 children = parents.get(pid, [])
             for child in children:
@@ -96,20 +98,11 @@ class ProcessTree:
             del self._handles[pid]
 
 
-_listed = [True]  # whether this kernel lists children in /proc (CONFIG_PROC_CHILDREN)
-
-
 def _proc_children(pid: int) -> list[int] | None:
-    """Direct children from /proc; None where the kernel does not list them."""
-    if not _listed[0]:
-        return None
+    """Direct children from /proc; None where they cannot be read that way."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
         return [int(child) for task in tasks for child in (task / "children").read_text().split()]
-    except FileNotFoundError:
-        if Path(f"/proc/{pid}/task").is_dir():
-            _listed[0] = False  # the process is there and its children file is not
-        return None
     except (OSError, ValueError):
         return None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agent.metrics import GPU_ENERGY, GPU_SM_ACTIVE, GPU_UTIL, PROC_GPU_MEM, PROC_SM_UTIL
 from query.sql import tag_predicates
 from query.window import COMPLETE, Predicates, ns
+from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.timefmt import NS_PER_S
 
 GPU_WORK = ("kernel", "memcpy", "memset")
@@ -379,7 +380,8 @@ MAX_COMPARE_BUCKETS = 1_000_000  # bucket rows of all the runs together
 @dataclass(frozen=True)
 class CompareSpan:
     """One run to compare: its host, [start, end) (an open run's end resolved) and the GPU
-    indices it declared (attrs `gpus`; empty: unknown)."""
+    indices it declared (attrs `gpus` of a run of source `user`; empty: unknown). Indices past
+    DEFAULT_LIMITS.max_gpu_index make the declaration unknown."""
 
     run_id: str
     host: str
@@ -398,8 +400,8 @@ def compare_runs(run_ids: Sequence[str], tags: Mapping[str, str], limit: int) ->
     order = "wanted = 0, wanted, start_ns DESC, run_id"
     sql = f"""
 WITH picked AS (
-    SELECT run_id, name, host, {NS}(start) AS start_ns, {NS}(end) AS end_ns, relative_time, importing, tags, attrs,
-           indexOf({{run_ids:Array(String)}}, run_id) AS wanted
+    SELECT run_id, name, host, source, {NS}(start) AS start_ns, {NS}(end) AS end_ns, relative_time, importing, tags,
+           attrs, indexOf({{run_ids:Array(String)}}, run_id) AS wanted
     FROM {{db}}.runs FINAL
     WHERE run_id IN {{run_ids:Array(String)}} OR ({matching.sql()})
     ORDER BY {order} LIMIT {{limit:UInt32}}
@@ -416,8 +418,8 @@ latest AS (
         WHERE host IN (SELECT host FROM open_hosts) AND start >= {since} GROUP BY host
     ) GROUP BY host
 )
-SELECT p.run_id AS run_id, p.name AS name, p.host AS host, p.start_ns AS start_ns, p.end_ns AS end_ns,
-       p.relative_time AS relative_time, p.importing AS importing, p.tags AS tags, p.attrs AS attrs,
+SELECT p.run_id AS run_id, p.name AS name, p.host AS host, p.source AS source, p.start_ns AS start_ns,
+       p.end_ns AS end_ns, p.relative_time AS relative_time, p.importing AS importing, p.tags AS tags, p.attrs AS attrs,
        if(p.end_ns IS NULL, if(p.relative_time, p.start_ns, greatest(p.start_ns, l.latest)), p.end_ns) AS until_ns,
        p.wanted AS wanted
 FROM picked AS p LEFT JOIN latest AS l ON l.host = p.host
@@ -445,8 +447,13 @@ wanted AS (
         "hosts": [span.host for span in spans],
         "starts": [span.start for span in spans],
         "ends": [span.end for span in spans],
-        "listed": [list(span.gpus) for span in spans],
+        "listed": [list(span.gpus) if _gpu_indices(span.gpus) else [] for span in spans],
     }
+
+
+def _gpu_indices(gpus: Sequence[int]) -> bool:
+    """Whether every one of `gpus` is a GPU index (bound as Int16: one past the limit is not)."""
+    return all(0 <= gpu <= DEFAULT_LIMITS.max_gpu_index for gpu in gpus)
 
 
 def _metric_list(metrics: Sequence[str]) -> str:
@@ -456,11 +463,12 @@ def _metric_list(metrics: Sequence[str]) -> str:
 def compare_telemetry(spans: Sequence[CompareSpan]) -> Query:
     """Per run (absolute times only): its GPUs (declared; else those its processes have samples
     on; else every GPU of its host with samples), and the telemetry of its host during [start,
-    end), whichever run the samples came with: energy (max - min of the counter, summed over
-    its GPUs), GPU utilisation (avg, p95 exact with linear interpolation, as numpy's default)
-    and GPM SM activity over its GPUs; and its own processes' share: per (GPU, instant) the sum
-    over its processes of SM utilisation (averaged) and of memory (the peak). A neighbour's
-    process on the same GPU never counts.
+    end), whichever run the samples came with: energy (the counter's rises, resets left out, in
+    one agent's series per GPU, summed over its GPUs), GPU utilisation (avg, p95 exact with
+    linear interpolation, as numpy's default) and GPM SM activity over its GPUs; and its own
+    processes' share: per (GPU, instant) the sum over its processes of SM utilisation (averaged)
+    and of memory (the peak). A neighbour's process on the same GPU never counts; GPU-level
+    figures are the whole GPU's, shared by every run on it at the time.
 
     Samples meet runs on (host, time bucket): each run is cut into the buckets its span meets,
     so a sample is compared with the few runs of its bucket only, not every run of its host."""
@@ -481,8 +489,9 @@ pids AS (
     WHERE kind = 'process' AND host IN {{hosts:Array(String)}} AND run_id IN {{run_ids:Array(String)}} AND pid > 0
 ),
 during AS MATERIALIZED (  -- the host's samples during each run: GPU-level ones, and its own processes'
-    SELECT w.run_id AS run_id, x.gpu AS gpu, x.pid AS pid, x.metric AS metric, x.t AS t, x.value AS value
-    FROM (SELECT host, gpu, pid, metric, {NS}(ts) AS t, value, intDiv(t, {{width:Int64}}) AS bucket
+    SELECT w.run_id AS run_id, x.series AS series, x.gpu AS gpu, x.pid AS pid, x.metric AS metric, x.t AS t,
+           x.value AS value
+    FROM (SELECT run_id AS series, host, gpu, pid, metric, {NS}(ts) AS t, value, intDiv(t, {{width:Int64}}) AS bucket
           FROM {{db}}.samples
           WHERE host IN {{hosts:Array(String)}} AND ts >= {ns("lo")} AND ts < {ns("hi")} AND gpu >= 0
             AND ((pid = 0 AND metric IN {_metric_list(DEVICE_METRICS)})
@@ -504,7 +513,7 @@ gpus AS MATERIALIZED (
         ON d.run_id = w.run_id
 ),
 device AS (  -- GPU-level series of the run's GPUs
-    SELECT d.run_id AS run_id, d.gpu AS gpu, d.metric AS metric, d.value AS value
+    SELECT d.run_id AS run_id, d.series AS series, d.gpu AS gpu, d.metric AS metric, d.t AS t, d.value AS value
     FROM during AS d INNER JOIN gpus AS g ON g.run_id = d.run_id WHERE d.pid = 0 AND has(g.gpus, d.gpu)
 ),
 device_figures AS (
@@ -513,9 +522,19 @@ device_figures AS (
            countIf(metric = {sm_active}) AS sm_active_n, avgIf(value, metric = {sm_active}) AS sm_active_avg
     FROM device GROUP BY run_id
 ),
-energy AS (  -- the counter's rise on each GPU, summed
+energy AS (  -- per series (the agent that sampled it) and GPU, the counter's rises in time order: a step
+    -- down is a reset (a driver reload) and adds nothing. Per GPU the series with the most readings counts
+    -- (two agents' views of one GPU, each from its own origin, are never mixed nor added); summed over GPUs
     SELECT run_id, sum(rise) AS energy FROM (
-        SELECT run_id, gpu, max(value) - min(value) AS rise FROM device WHERE metric = {energy} GROUP BY run_id, gpu
+        SELECT run_id, gpu, argMax(rise, (n, series)) AS rise FROM (
+            SELECT run_id, gpu, series, count() AS n, sum(greatest(step, 0)) AS rise FROM (
+                SELECT run_id, gpu, series,
+                       value - lagInFrame(value, 1, value) OVER (
+                           PARTITION BY run_id, gpu, series ORDER BY t, value ROWS BETWEEN 1 PRECEDING AND CURRENT ROW
+                       ) AS step
+                FROM device WHERE metric = {energy}
+            ) GROUP BY run_id, gpu, series
+        ) GROUP BY run_id, gpu
     ) GROUP BY run_id
 ),
 own_figures AS (

@@ -24,7 +24,7 @@ from query.window import (
     names,
     sample_predicates,
 )
-from tracehouse.model import EVENT_KINDS, Limits
+from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, Limits
 from tracehouse.v1 import batch_pb2, query_pb2, query_pb2_grpc
 
 DEFAULT_MIN_GAP_NS = 1_000_000
@@ -318,8 +318,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
                 raise RunNotFound(f"run {run_id!r} is still being imported")
         runs = found[: analysis.MAX_COMPARE_RUNS]
         spans = [
-            analysis.CompareSpan(r["run_id"], r["host"], r["start_ns"], r["until_ns"], _declared_gpus(r["attrs"]))
-            for r in runs
+            analysis.CompareSpan(r["run_id"], r["host"], r["start_ns"], r["until_ns"], _declared_gpus(r)) for r in runs
         ]
         absolute = [span for span, run in zip(spans, runs, strict=True) if not run["relative_time"]]
         telemetry = self._by_run(*analysis.compare_telemetry(absolute)) if absolute else {}
@@ -351,10 +350,17 @@ TELEMETRY_COLUMNS = (
 )  # fmt: skip
 
 
-def _declared_gpus(attrs: Sequence[tuple[str, str]]) -> tuple[int, ...]:
-    """The GPU indices in a run's `gpus` attribute ("0,1"); none when absent or not a list of indices."""
-    parts = [part.strip() for part in dict(attrs).get("gpus", "").split(",") if part.strip()]
-    if not all(part.isdigit() and len(part) <= 5 for part in parts):
+def _declared_gpus(run: Mapping[str, Any]) -> tuple[int, ...]:
+    """The GPU indices in the `gpus` attribute ("0,1") of a run of source `user` (`tracehouse
+    run --gpus`); none when absent, not a list of indices, or naming one past max_gpu_index.
+    Agents and importers store a count of GPUs there ("2"), not indices: none for them."""
+    if run["source"] != "user":
+        return ()
+    parts = [part.strip() for part in dict(run["attrs"]).get("gpus", "").split(",") if part.strip()]
+    if not all(
+        part.isascii() and part.isdigit() and len(part) <= 5 and int(part) <= DEFAULT_LIMITS.max_gpu_index
+        for part in parts
+    ):
         return ()
     return tuple(sorted({int(part) for part in parts}))
 
@@ -376,7 +382,7 @@ def _compare_table(
         attrs, tags = dict(run["attrs"]), dict(run["tags"])
         figures = telemetry.get(run["run_id"], {})
         work = traced.get(run["run_id"], {})
-        declared = ",".join(str(gpu) for gpu in _declared_gpus(run["attrs"]))
+        declared = ",".join(str(gpu) for gpu in _declared_gpus(run))
         rows.append({
             "run_id": run["run_id"],
             "name": run["name"],

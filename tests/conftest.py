@@ -12,7 +12,7 @@ import pytest
 
 from ingest.store import Store
 from query.client import Client
-from tests.helpers import closed_port
+from tests.helpers import LateServer
 from tests.timeline_trace import Trace, make_trace, store_trace
 from tracehouse.model import DEFAULT_LIMITS, Limits
 from tracehouse.serve import Server, create_server
@@ -74,20 +74,6 @@ def traces(ingest: ingest_pb2_grpc.IngestStub) -> dict[str, Trace]:
     for trace in stored.values():
         store_trace(ingest, trace)
     return stored
-
-
-class LateServer:
-    """An address where nothing listens until `start()`: a server that comes back (on the
-    test's store, so `client` sees what it stores)."""
-
-    def __init__(self, store: Store, limits: Limits) -> None:
-        self.address = closed_port()
-        self._store = store
-        self._limits = limits
-        self.server: Server | None = None
-
-    def start(self) -> None:
-        self.server = create_server(self._store, self.address, self._limits)
 
 
 @pytest.fixture

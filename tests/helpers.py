@@ -13,6 +13,8 @@ import pytest
 from ingest.store import Store
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli import main
+from tracehouse.model import Limits
+from tracehouse.serve import Server, create_server
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 T0 = 1_790_000_000_000_000_000  # 2026-09-21T14:13:20Z
@@ -89,3 +91,17 @@ def closed_port() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"127.0.0.1:{port}"
+
+
+class LateServer:
+    """An address where nothing listens until `start()`: a server that comes back (on the
+    test's store, so `client` sees what it stores)."""
+
+    def __init__(self, store: Store, limits: Limits) -> None:
+        self.address = closed_port()
+        self._store = store
+        self._limits = limits
+        self.server: Server | None = None
+
+    def start(self) -> None:
+        self.server = create_server(self._store, self.address, self._limits)

@@ -6,12 +6,14 @@ sees. Runs A and B share GPU 0 at the same time (pids 100; 200 and its child 201
 (pid 300) uses GPU 0 too, and run D is still open on GPU 1 (pid 400). Run E declares nothing and
 has no processes. On host `node2`, run C is traced: overlapping kernels and a copy, no
 telemetry. Every expected figure is computed here, in plain Python, from the rows written.
+Tests of GPU counts, GPU indices and the energy counter write hosts of their own (node3..node7).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,12 +151,19 @@ def _gpus(rows: Rows, run: Run) -> list[int]:
     return sorted(used or {gpu for gpu, pid, *_ in during if pid == 0})
 
 
+def _energy(readings: list[tuple[int, float]]) -> float:
+    """The counter's rise over readings (ts, joules): the non-negative steps in time order (a
+    negative step is a reset)."""
+    values = [value for _, value in sorted(readings)]
+    return sum(max(0.0, b - a) for a, b in itertools.pairwise(values))
+
+
 def expected(rows: Rows, run: Run) -> dict[str, object]:
     during = _during(rows, run.run_id)
     gpus = _gpus(rows, run)
 
-    def device(metric: str, gpu: int | None = None) -> list[float]:
-        return [v for g, pid, m, _, v in during if pid == 0 and m == metric and g in gpus and gpu in (None, g)]
+    def device(metric: str) -> list[float]:
+        return [v for g, pid, m, _, v in during if pid == 0 and m == metric and g in gpus]
 
     def own(metric: str) -> list[float]:
         points: dict[tuple[int, int], float] = {}  # per (gpu, instant): the sum over the run's processes
@@ -164,7 +173,8 @@ def expected(rows: Rows, run: Run) -> dict[str, object]:
         return list(points.values())
 
     util, sm_active, share, memory = device(GPU_UTIL), device(GPU_SM_ACTIVE), own(PROC_SM_UTIL), own(PROC_GPU_MEM)
-    rises = [max(c) - min(c) for c in (device(GPU_ENERGY, gpu) for gpu in gpus) if c]
+    readings = ([(t, v) for g, pid, m, t, v in during if pid == 0 and m == GPU_ENERGY and g == gpu] for gpu in gpus)
+    rises = [_energy(r) for r in readings if r]
     start, end = rows.spans[run.run_id]
     return {
         "gpus": ",".join(map(str, gpus)),
@@ -337,3 +347,111 @@ def test_cli_compare_csv_is_one_row_per_run(client: Client, scene: Rows, address
     assert [row["run_id"] for row in out] == ["B"]
     assert main(["query", "compare", "nope", "--server", address]) == 2
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+# -- GPUs and energy, each on a host of its own ---------------------------------------------------
+
+
+def _telemetry(ingest: ingest_pb2_grpc.IngestStub, agent: str, host: str,
+               series: dict[tuple[int, str], list[tuple[int, float]]]) -> None:  # fmt: skip
+    """Samples of one agent (run id `agent`): per (gpu, metric) the readings (ts, value)."""
+    batch = BatchBuilder(f"{agent}-samples", run_id=agent, host=host)
+    for (gpu, metric), readings in series.items():
+        batch.add_samples(metric, [t for t, _ in readings], [v for _, v in readings], gpu=gpu)
+    ingest.Write(request(batch), timeout=60)
+
+
+def _describe(ingest: ingest_pb2_grpc.IngestStub, run_id: str, host: str, source: str, start: int, end: int,
+              attrs: dict[str, str]) -> None:  # fmt: skip
+    batch = BatchBuilder(f"run-{run_id}", run_id=run_id, host=host)
+    batch.add_run(run_id, name=run_id, host=host, source=source, start=start, end=end, attrs=attrs)
+    if source in ("nsys", "kineto"):
+        batch.add_events("kernel", [start + MS], [start + 2 * MS], "gemm", gpu=1, stream=7)
+    ingest.Write(request(batch), timeout=60)
+
+
+def _counters(ticks: np.ndarray) -> dict[tuple[int, str], list[tuple[int, float]]]:
+    """Utilisation and an energy counter with its own origin and slope on GPUs 0 and 1."""
+    series: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for gpu in (0, 1):
+        series[gpu, GPU_UTIL] = [(int(t), float(10 * gpu + i % 7)) for i, t in enumerate(ticks)]
+        series[gpu, GPU_ENERGY] = [(int(t), 1e5 * (gpu + 1) + (gpu + 3) * i) for i, t in enumerate(ticks)]
+    return series
+
+
+def _inside(readings: list[tuple[int, float]], start: int, end: int) -> list[tuple[int, float]]:
+    return [(t, v) for t, v in readings if start <= t < end]
+
+
+@pytest.mark.parametrize("source", ["agent", "nsys", "kineto"])
+def test_a_gpu_count_is_not_a_list_of_gpus(client: Client, ingest: ingest_pb2_grpc.IngestStub, source: str) -> None:
+    """Agents and importers store how many GPUs they saw in `gpus`: "2" is not GPU 2. Such a run
+    gets its host's GPUs with samples, and their energy and utilisation."""
+    host, start, end = "node3", T0 + S, T0 + 3 * S
+    series = _counters(np.arange(T0, T0 + 4 * S, TICK))
+    _telemetry(ingest, "agent-node3", host, series)
+    run_id = "agent-node3" if source == "agent" else f"{source}-run"
+    _describe(ingest, run_id, host, source, start, end, {"gpus": "2"})
+    _describe(ingest, f"{source}-elsewhere", "node4", source, start, end, {"gpus": "2"})  # no telemetry there
+
+    frame = client.compare([run_id, f"{source}-elsewhere"]).set_index("run_id")
+    row = frame.loc[run_id]
+    assert row["gpus"] == "0,1", "the host's GPUs with samples, not GPU 2"
+    wanted = sum(_energy(_inside(series[gpu, GPU_ENERGY], start, end)) for gpu in (0, 1))
+    assert wanted > 0 and row["energy_j"] == pytest.approx(wanted)
+    util = [v for gpu in (0, 1) for _, v in _inside(series[gpu, GPU_UTIL], start, end)]
+    assert row["gpu_util_mean"] == pytest.approx(float(np.mean(util)))
+    assert _close(frame.loc[f"{source}-elsewhere", "gpus"], None), "a count is never shown as GPUs"
+
+
+@pytest.mark.parametrize(
+    "declared, gpus",
+    [("5000", "0,1"), ("0,40000", "0,1"), ("4096", "0,1"), ("0,\u00b2", "0,1"), ("9" * 5000, "0,1"), ("4095", "4095")],
+    ids=["5000", "0,40000", "4096", "0,superscript-2", "5000-digits", "4095"],
+)
+def test_gpu_indices_past_the_limit_are_unknown(client: Client, ingest: ingest_pb2_grpc.IngestStub, declared: str,
+                                                gpus: str) -> None:  # fmt: skip
+    """GPU indices run 0..4095 (DEFAULT_LIMITS.max_gpu_index): a `gpus` attribute naming one past
+    that (or a digit that is not ASCII, "²") is not a list of the run's GPUs, and the run gets its
+    host's GPUs with samples."""
+    host, start, end = "node5", T0 + S, T0 + 3 * S
+    series = _counters(np.arange(T0, T0 + 4 * S, TICK))
+    _telemetry(ingest, "agent-node5", host, series)
+    _describe(ingest, "declared", host, "user", start, end, {"gpus": declared})
+    row = client.compare(["declared"]).iloc[0]
+    assert row["gpus"] == gpus
+    if gpus == "0,1":
+        wanted = sum(_energy(_inside(series[gpu, GPU_ENERGY], start, end)) for gpu in (0, 1))
+        assert row["energy_j"] == pytest.approx(wanted)
+    else:
+        assert _close(row["energy_j"], None), "a GPU without samples has no energy"
+
+
+def test_energy_counter_reset_counts_only_rises(client: Client, ingest: ingest_pb2_grpc.IngestStub) -> None:
+    """A driver reload restarts the counter near 0: a negative step adds nothing, and what the
+    counter rose on either side of it counts."""
+    host, start, end = "node6", T0 + S, T0 + 5 * S
+    readings = [(T0 + S, 100.0), (T0 + 2 * S, 150.0), (T0 + 3 * S, 5.0), (T0 + 4 * S, 25.0)]
+    outside = [(T0, 90.0), (T0 + 5 * S, 1000.0)]  # before and at the run's end: not its own
+    # written out of time order: the steps are taken in time order whatever the order stored
+    _telemetry(ingest, "agent-node6", host, {(0, GPU_ENERGY): readings[2:] + outside + readings[:2]})
+    _describe(ingest, "reset", host, "user", start, end, {"gpus": "0"})
+    assert _energy(readings) == 70.0
+    assert client.compare(["reset"]).iloc[0]["energy_j"] == pytest.approx(70.0), "50 + 20, not 150 - 5"
+
+
+def test_two_agents_on_one_gpu_are_not_mixed(client: Client, ingest: ingest_pb2_grpc.IngestStub) -> None:
+    """Two agents on one host (each its own run id and counter origin) both sample its GPUs: per
+    GPU, the energy is that of the series with the most readings, never a mix of the two nor their
+    sum."""
+    host, start, end = "node7", T0, T0 + 10 * S
+    x = {(0, GPU_ENERGY): [(T0 + i * S, 1000.0 + 10 * i) for i in range(4)],  # 30 J in 4 readings
+         (1, GPU_ENERGY): [(T0 + i * S, 7000.0 + 100 * i) for i in range(2)]}  # 100 J in 2 readings  # fmt: skip
+    y = {(0, GPU_ENERGY): [(T0 + i * S + MS, 5.0 + 7 * i) for i in range(3)],  # 14 J in 3 readings
+         (1, GPU_ENERGY): [(T0 + i * S + MS, 3.0 + 3 * i) for i in range(3)]}  # 6 J in 3 readings  # fmt: skip
+    _telemetry(ingest, "agent-x", host, x)
+    _telemetry(ingest, "agent-y", host, y)
+    _describe(ingest, "shared", host, "user", start, end, {})
+    row = client.compare(["shared"]).iloc[0]
+    assert row["gpus"] == "0,1"
+    assert row["energy_j"] == pytest.approx(_energy(x[0, GPU_ENERGY]) + _energy(y[1, GPU_ENERGY])) == 36.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -16,20 +15,13 @@ from pathlib import Path
 import pytest
 
 from query.client import Client
+from tests.helpers import closed_port
 from tracehouse import config, demo_train, up
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli import main
 from tracehouse.up import Up, demo_train_outcome
 
 PLAIN = ClientSecurity()  # no credentials, whatever the environment says
-
-
-def closed_port() -> str:
-    """An address where nothing listens."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"127.0.0.1:{port}"
 
 
 @pytest.fixture

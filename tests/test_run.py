@@ -5,24 +5,28 @@ so that exit statuses and signals are the real ones."""
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 import pytest
 
 from agent.daemon import Agent, AgentConfig
 from agent.simulated import SimulatedBackend
 from query.client import Client
-from tests.conftest import LateServer
+from tests.helpers import LateServer
 
 GIB = 1 << 30
 REPO = Path(__file__).resolve().parents[1]
@@ -127,34 +131,93 @@ def test_a_command_killed_by_a_signal_is_128_plus_it(address: str, client: Clien
     assert the_run(client, "killed")["attrs"]["status"] == "killed: SIGKILL"
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_sent_to_tracehouse_run_reaches_the_command_and_the_run_is_closed(
-    address: str, client: Client, home: Path, tmp_path: Path, number: int
-) -> None:
-    ready, got = tmp_path / "ready", tmp_path / "got"
-    code = f"""
+def counting_command(ready: Path, got: Path) -> list[str]:
+    """A command that says when it is ready, writes a line per SIGINT/SIGTERM it receives,
+    and exits 5 a second after the first (time for a second one to arrive)."""
+    return python(f"""
         import pathlib, signal, sys, time
-        def stop(number, frame):
-            pathlib.Path({str(got)!r}).write_text(signal.Signals(number).name)
-            sys.exit(5)
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        def note(number, frame):
+            with open({str(got)!r}, "a") as out:
+                out.write(signal.Signals(number).name + "\\n")
+        signal.signal(signal.SIGTERM, note)
+        signal.signal(signal.SIGINT, note)
         pathlib.Path({str(ready)!r}).touch()
-        time.sleep(60)
-    """
-    process = subprocess.Popen(run_args(address, "--name", "stopped", *python(code)), env=run_env(home),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        while not pathlib.Path({str(got)!r}).exists():
+            time.sleep(0.01)
+        time.sleep(1)
+        sys.exit(5)
+    """)
+
+
+def wait_until_ready(ready: Path, process: subprocess.Popen[Any]) -> None:
     deadline = time.monotonic() + 30
     while not ready.exists():
-        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline and process.poll() is None, "the command never got ready"
         time.sleep(0.02)
-    process.send_signal(number)
+
+
+@pytest.mark.parametrize(("number", "to_group"), [(signal.SIGTERM, False), (signal.SIGINT, False),
+                                                  (signal.SIGTERM, True), (signal.SIGHUP, True)])  # fmt: skip
+def test_a_signal_sent_to_tracehouse_run_reaches_the_command_once_and_the_run_is_closed(
+    address: str, client: Client, home: Path, tmp_path: Path, number: int, to_group: bool
+) -> None:
+    """To its pid (kill) or to its whole process group (kill -- -PGID, as a shell does with a
+    job): the command, in a group of its own, receives it once, passed on."""
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    process = subprocess.Popen(
+        run_args(address, "--name", "stopped", *counting_command(ready, got)), env=run_env(home),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_until_ready(ready, process)
+    if to_group:
+        os.killpg(process.pid, number)
+    else:
+        process.send_signal(number)
     _, stderr = process.communicate(timeout=60)
+    if number == signal.SIGHUP:  # not handled by the command: it dies of it
+        assert process.returncode == 128 + signal.SIGHUP, stderr
+        assert the_run(client, "stopped")["attrs"]["status"] == "killed: SIGHUP"
+        return
     assert process.returncode == 5, stderr
-    assert got.read_text() == signal.Signals(number).name, "the command had the signal, once"
+    assert got.read_text().split() == [signal.Signals(number).name], "once, not twice"
     assert "passed on to the command" in stderr
     run = the_run(client, "stopped")
     assert run["attrs"]["status"] == "failed: exit 5" and not pd.isna(run["end"])
+
+
+def test_ctrl_c_at_the_terminal_reaches_the_command_once(address: str, client: Client, home: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """`tracehouse run` on a terminal (a pseudo-terminal here) gives the command the terminal:
+    Ctrl-C reaches the command, once, and tracehouse is not interrupted."""
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    primary, secondary = pty.openpty()
+
+    def take_the_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(
+        run_args(address, "--name", "typed", *counting_command(ready, got)), env=run_env(home),
+        stdin=secondary, stdout=secondary, stderr=secondary, start_new_session=True, preexec_fn=take_the_terminal,
+    )  # fmt: skip
+    os.close(secondary)
+    said = b""
+    try:
+        wait_until_ready(ready, process)
+        os.write(primary, b"\x03")  # Ctrl-C
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: every process on the terminal is gone
+                break
+            if not chunk:
+                break
+            said += chunk
+        assert process.wait(timeout=60) == 5
+    finally:
+        os.close(primary)
+    assert got.read_text().split() == ["SIGINT"]
+    assert b"passed on" not in said and b"run typed" in said, "the terminal's Ctrl-C went to the command alone"
+    assert the_run(client, "typed")["attrs"]["status"] == "failed: exit 5"
 
 
 def test_gpu_memory_of_forked_children_goes_to_their_run_not_to_a_neighbour(
@@ -209,16 +272,23 @@ def test_gpu_memory_of_forked_children_goes_to_their_run_not_to_a_neighbour(
 def test_the_host_agent_is_used_when_it_runs(
     address: str, client: Client, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TRACEHOUSE_HOME", str(home))  # where the host agent says it runs
+    """The agent runs as another user would, with a home of its own; it says it runs in the
+    host's runtime folder."""
+    runtime = tmp_path / "run-tracehouse"
+    runtime.mkdir()
+    monkeypatch.setenv("TRACEHOUSE_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TRACEHOUSE_HOME", str(tmp_path / "agent-home"))
     config = AgentConfig(server=address, spool=tmp_path / "spool", interval=0.05, host_agent=True,
                          run_name="host agent")  # fmt: skip
     agent = Agent(config, SimulatedBackend(3))
     agent.start()
     try:
-        done = tracehouse_run(address, home, "--name", "guest", "--gpus", "2", *python("pass"))
-        refused = tracehouse_run(address, home, "--gpus", "5", *python("pass"))
+        done = tracehouse_run(address, home, "--name", "guest", "--gpus", "2", *python("pass"),
+                              TRACEHOUSE_RUNTIME_DIR=str(runtime))  # fmt: skip
+        refused = tracehouse_run(address, home, "--gpus", "5", *python("pass"), TRACEHOUSE_RUNTIME_DIR=str(runtime))
     finally:
         agent.stop()
+    assert not (tmp_path / "agent-home" / "agent").exists(), "the runtime folder, not the agent's home"
     assert done.returncode == 0, done.stderr
     attrs = the_run(client, "guest")["attrs"]
     assert attrs["telemetry"] == f"host agent (pid {os.getpid()}, run {agent.run_id})"
@@ -322,11 +392,14 @@ def test_the_host_agent_sends_what_runs_left_in_their_spools(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--tag", f"{'k' * 300}=v", "--", "true"], "--tag 'kkkk"),
+        (["--tag", "k=" + "v" * 70_000, "--", "true"], "a tag's value is at most 65536 bytes"),
         (["--gpus", "0,x", "--", "true"], "--gpus '0,x': 'x' is not a GPU index"),
         (["--gpus", "7", "--", "true"], "--gpus: GPU 7 is not on this host (GPUs: 0,1)"),
         (["--env", "HF_TOKEN", "--", "true"], "--env HF_TOKEN: looks like it holds a secret"),
         (["--env", "1BAD", "--", "true"], "--env '1BAD': not an environment variable name"),
         ([], "nothing to run: give a COMMAND after --, or --matrix FILE"),
+        ([*[a for i in range(65) for a in ("--env", f"V{i}")], "--", "true"], "--env: at most 64 names"),
         (["--nsys-args=--trace=cuda", "--", "true"], "--nsys-args: only with --nsys"),
         (["--nsys", "--nsys-args", "'unclosed", "--", "true"], '--nsys-args "\'unclosed": No closing quotation'),
     ],
@@ -336,7 +409,8 @@ def test_bad_options_are_refused_naming_the_option(
 ) -> None:
     done = tracehouse_run(address, home, *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    assert client.runs(source="user").empty
+    assert client.runs().empty, "nothing started: no run, not even the agent's"
+    assert not [p for p in (home / "spool" / "runs").glob("*") if p.is_dir()] if (home / "spool").exists() else True
 
 
 # -- matrices ------------------------------------------------------------------------------------
@@ -408,3 +482,35 @@ def test_a_run_past_its_timeout_is_stopped_and_the_matrix_goes_on(
     assert summary["slow"]["status"] == "failed: timeout after 0.5 s (killed: SIGTERM)"
     assert summary["slow"]["exit_code"] == 128 + signal.SIGTERM and summary["quick"]["status"] == "ok"
     assert the_run(client, "slow")["attrs"]["matrix_line"] == "3"
+
+
+def test_processes_left_running_when_the_command_ends_are_stopped(
+    address: str, client: Client, home: Path, tmp_path: Path
+) -> None:
+    """A background process the command left behind, and one a timeout left behind, do not
+    outlive their runs (in a matrix they would share the GPU with the next run)."""
+    matrix = tmp_path / "leftovers.csv"
+    matrix.write_text(
+        "name,command,timeout\n"
+        "background,sh -c '(sleep 41.25 &); sleep 0.7',\n"
+        "timed-out,sh -c 'sleep 41.5; echo never',0.5\n"
+    )
+    done = tracehouse_run(address, home, "--matrix", str(matrix), "--format", "json")
+    assert done.returncode == 1, done.stderr
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if "41.25" in str(p.info["cmdline"])
+            or "41.5" in str(p.info["cmdline"])]  # fmt: skip
+    assert left == [], "nothing of either run still runs"
+    assert "still running after it ended: stopping them" in done.stderr
+    summary = {row["name"]: row for row in json.loads(done.stdout)}
+    assert summary["background"]["status"] == "ok"
+    assert summary["timed-out"]["status"] == "failed: timeout after 0.5 s (killed: SIGTERM)"
+
+
+def test_secrets_on_the_command_line_are_not_recorded(address: str, client: Client, home: Path) -> None:
+    done = tracehouse_run(
+        address, home, "--name", "secretive", "--", "env", "WANDB_API_KEY=w1", "true", "--hf-token", "h2",
+        "--api-key=k3", "--batch", "64",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    command = the_run(client, "secretive")["attrs"]["command"]
+    assert command == "env 'WANDB_API_KEY=***' true --hf-token '***' '--api-key=***' --batch 64"

@@ -23,8 +23,7 @@ from agent.batcher import Batcher
 from agent.runspool import replay_spools
 from ingest.validate import check_id
 from query.client import Client
-from tests.conftest import LateServer
-from tests.helpers import closed_port, request
+from tests.helpers import LateServer, closed_port, request
 from tracehouse import training
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity

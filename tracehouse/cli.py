@@ -16,6 +16,7 @@ from tracehouse.timefmt import parse_time
 
 if TYPE_CHECKING:
     from tracehouse.channel import ClientSecurity
+    from tracehouse.children import Signals
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -658,10 +659,18 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_run(args: argparse.Namespace) -> int:
+    from tracehouse.children import Signals
+
+    with Signals() as signals:  # before anything starts a thread (grpc does): see tracehouse.children
+        return _run_run(args, signals)
+
+
+def _run_run(args: argparse.Namespace, signals: Signals) -> int:
+    import dataclasses
     import shlex
     import socket
 
-    from tracehouse import launcher
+    from tracehouse import experiments, launcher
     from tracehouse.matrix import MatrixError, load_matrix
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -678,6 +687,7 @@ def run_run(args: argparse.Namespace) -> int:
             raise launcher.LaunchError(f"--nsys-args {args.nsys_args!r}: {error}") from None
         if nsys_args and not args.nsys:
             raise launcher.LaunchError("--nsys-args: only with --nsys")
+        tags = launcher.check_tags(dict(args.tag), "--tag")
         settings = launcher.Settings(
             server=args.server or config.default_server(), server_given=args.server is not None,
             host=args.host or socket.gethostname(), spool_root=args.spool or config.default_spool() / "runs",
@@ -688,25 +698,22 @@ def run_run(args: argparse.Namespace) -> int:
             if args.name or args.gpus or args.nsys:
                 raise launcher.LaunchError("--matrix: set name, gpus and nsys for each experiment in the file")
             matrix = load_matrix(args.matrix)
-            extra = dict(args.tag)
-            slots = [tuple(_with_tags(spec, extra) for spec in slot) for slot in matrix.slots]
+            slots = [
+                tuple(dataclasses.replace(spec, tags=launcher.check_tags(
+                    {**tags, **spec.tags}, f"{args.matrix.name} line {spec.line}: tags")) for spec in slot)
+                for slot in matrix.slots
+            ]  # fmt: skip
             if any(spec.nsys for slot in slots for spec in slot):
                 launcher.nsys_path()
-            return launcher.run_matrix(settings, slots, args.matrix.name, args.format)
+            return experiments.run_matrix(settings, slots, args.matrix.name, args.format, signals)
         gpus = launcher.gpu_list(args.gpus) if args.gpus is not None else None
         if args.nsys:
             launcher.nsys_path()
-        spec = launcher.single_spec(command, args.name, dict(args.tag), gpus, args.nsys, nsys_args)
-        return launcher.run_one(settings, spec)
+        spec = launcher.single_spec(command, args.name, tags, gpus, args.nsys, nsys_args)
+        return experiments.run_one(settings, spec, signals)
     except (launcher.LaunchError, MatrixError) as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return error.status if isinstance(error, launcher.LaunchError) else EXIT_USAGE
-
-
-def _with_tags(spec: Any, tags: dict[str, str]) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(spec, tags={**tags, **spec.tags}) if tags else spec
 
 
 def run_demo_train(args: argparse.Namespace) -> int:

@@ -1,17 +1,16 @@
 """`tracehouse run`: run a command, or a matrix of them, each as a run with telemetry.
 
-Each command is a run (source `user`): name, host, command line, start and end, exit status,
-the GPUs it was given, tags, a chosen set of environment variables. Its processes, followed
-as children appear, are stored as `process` events of the run (pid, first and last seen), so
-that NVML's per-process readings on the host are attributed to it and not to a neighbour on
-the same GPU. Telemetry comes from the host's agent when one runs for the same server, else
-from an agent started in this process for the duration. Batches go through a shipper with
-a spool of their own (`$TRACEHOUSE_HOME/spool/runs`): with the server away, the runs wait
-there until the next run, training run or the host's agent sends them.
+Each command is a run (source `user`): name, host, command line (values of options that look
+like secrets hidden), start and end, exit status, the GPUs it was given, tags, a chosen set of
+environment variables. Its processes, followed as children appear, are stored as `process`
+events of the run (pid, parent, first and last seen), so that NVML's per-process readings on
+the host are attributed to it and not to a neighbour on the same GPU; those still running when
+the command ends are stopped. Telemetry comes from the host's agent when one runs for the
+same server, else from an agent started in this process for the duration. Batches go through
+a shipper with a spool of their own (`$TRACEHOUSE_HOME/spool/runs`): with the server away, the
+runs wait there until the next run, training run or the host's agent sends them.
 
-Signals: the command is in this process's group, so Ctrl-C at a terminal reaches it
-directly; SIGINT, SIGTERM and SIGHUP sent to this process alone (kill, a scheduler) are
-forwarded to it. The third interrupt kills its processes. Either way the run is closed.
+How the commands are started and how signals reach them: tracehouse.children.
 """
 
 from __future__ import annotations
@@ -36,21 +35,25 @@ from agent.proctree import ProcessTree
 from agent.runspool import remove_spool, replay_spools, spool_folder
 from agent.shipper import Shipper
 from agent.spool import Spool
-from tracehouse import __version__
+from tracehouse import __version__, children
 from tracehouse.ids import make_run_id
 from tracehouse.matrix import RunSpec
+from tracehouse.model import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
+    from agent.gpu import GpuBackend
     from tracehouse.channel import ClientSecurity
 
 log = logging.getLogger("tracehouse.run")
 
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130
 KILL_AFTER_INTERRUPTS = 3
 TICK_S = 0.05  # how often exits and signals are looked at
+MAX_TAGS = 200  # of a run's tags (the store takes 256 map entries; the matrix adds its own)
+MAX_ENV = 64  # --env names
 # environment variables recorded with every run, when set (more with --env)
 RECORDED_ENV = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
@@ -58,8 +61,11 @@ RECORDED_ENV = (
     "NCCL_IB_DISABLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID",
 )  # fmt: skip
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|(^|_)KEY($|_)|AUTH", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|(^|[_-])(API[_-]?)?KEY($|[_-])|(^|[_-])AUTH($|[_-])", re.IGNORECASE
+)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HIDDEN = "***"
 
 
 class LaunchError(Exception):
@@ -84,17 +90,35 @@ class Settings:
     record_env: tuple[str, ...] = ()
     poll_interval: float = 0.5  # how often the process trees are walked
     end_timeout: float = 5.0  # time to ship what is pending at the end while the server answers
-    kill_after: float = 10.0  # after a timeout's SIGTERM, SIGKILL
+    kill_after: float = 10.0  # after a SIGTERM (a timeout, processes left at the end), SIGKILL
+
+
+# -- what is checked before anything starts ----------------------------------------------------
 
 
 def check_env_names(names: Sequence[str]) -> tuple[str, ...]:
-    """Names for --env: valid, and none that looks like it holds a secret."""
+    """Names for --env: valid, few, and none that looks like it holds a secret."""
+    if len(names) > MAX_ENV:
+        raise LaunchError(f"--env: at most {MAX_ENV} names")
     for name in names:
-        if not _ENV_NAME.fullmatch(name):
-            raise LaunchError(f"--env {name[:64]!r}: not an environment variable name")
+        if not _ENV_NAME.fullmatch(name) or len(name) > 200:
+            raise LaunchError(f"--env {name[:64]!r}: not an environment variable name (letters, digits, _; ≤ 200)")
         if _SECRET_NAME.search(name):
             raise LaunchError(f"--env {name}: looks like it holds a secret; tracehouse does not record those")
     return tuple(names)
+
+
+def check_tags(tags: Mapping[str, str], where: str) -> dict[str, str]:
+    """Tags within what the store takes: keys of 1..256 bytes, values up to 64 KiB, at most MAX_TAGS."""
+    limits = DEFAULT_LIMITS
+    if len(tags) > MAX_TAGS:
+        raise LaunchError(f"{where}: {len(tags)} tags; at most {MAX_TAGS}")
+    for key, value in tags.items():
+        if not 0 < len(key.encode()) <= limits.max_name_bytes:
+            raise LaunchError(f"{where} {key[:64]!r}: a tag's key is 1..{limits.max_name_bytes} bytes")
+        if len(value.encode()) > limits.max_string_bytes:
+            raise LaunchError(f"{where} {key[:64]!r}: a tag's value is at most {limits.max_string_bytes} bytes")
+    return dict(tags)
 
 
 def nsys_path() -> str:
@@ -112,11 +136,41 @@ def gpu_list(text: str) -> tuple[int, ...]:
     gpus: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) > 4095:
+        if not part.isdigit() or int(part) > DEFAULT_LIMITS.max_gpu_index:
             raise LaunchError(f"--gpus {text!r}: {part!r} is not a GPU index (0..4095), e.g. --gpus 0,1")
         if int(part) not in gpus:
             gpus.append(int(part))
     return tuple(gpus)
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """A command line to record: the values of options and variables named like secrets
+    (`--hf-token X`, `--api-key=X`, `WANDB_API_KEY=X`) hidden."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        name, equals, _ = arg.partition("=")
+        if hide_next:
+            shown.append(HIDDEN)
+            hide_next = False
+        elif (name.startswith("-") or _ENV_NAME.fullmatch(name)) and _SECRET_NAME.search(name):
+            shown.append(f"{name}={HIDDEN}" if equals else arg)
+            hide_next = not equals and name.startswith("-")
+        else:
+            shown.append(arg)
+    return shown
+
+
+def single_spec(command: Sequence[str], name: str, tags: Mapping[str, str], gpus: tuple[int, ...] | None,
+                nsys: bool, nsys_args: Sequence[str]) -> RunSpec:  # fmt: skip
+    """The RunSpec of `tracehouse run -- COMMAND`."""
+    return RunSpec(
+        name=name or os.path.basename(command[0]) or "run", command=tuple(command), experiment="", params={},
+        repetition=1, tags=dict(tags), env={}, gpus=gpus, nsys=nsys, nsys_args=tuple(nsys_args), timeout=None, line=0,
+    )  # fmt: skip
+
+
+# -- runs ---------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -148,74 +202,35 @@ class _Launched:
         return self.pid > 0 and self.exit_code is None
 
 
-class _Signals:
-    """Block the forwarded signals in every thread (threads started later inherit the mask),
-    and take them one by one with sigtimedwait in the main thread, with who sent them."""
-
-    def __enter__(self) -> _Signals:
-        self._before = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-        return self
-
-    def wait(self, timeout: float) -> Any:
-        return signal.sigtimedwait(FORWARDED, timeout)
-
-    def __exit__(self, *exc: object) -> None:
-        while signal.sigtimedwait(FORWARDED, 0) is not None:
-            pass  # taken now, so that none is delivered once unblocked
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._before)
-
-
-def _from_terminal(info: Any) -> bool:
-    """A signal the kernel sent (the terminal's Ctrl-C): the command, in our process group,
-    received it too. One from kill() or sigqueue() has si_code <= 0."""
-    return int(info.si_code) > 0
-
-
-def _spawn(argv: Sequence[str], env: Mapping[str, str], stdout_to_stderr: bool = False) -> int:
-    """Start argv with every signal unblocked and SIGPIPE back to its default, as a shell would."""
-    actions = [(os.POSIX_SPAWN_DUP2, 2, 1)] if stdout_to_stderr else []
-    return os.posix_spawnp(
-        argv[0], list(argv), dict(env), file_actions=actions, setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
-    )
-
-
-def _status_of(code: int) -> tuple[str, int]:
-    """(status, exit status) from os.waitstatus_to_exitcode's answer."""
-    if code == 0:
-        return "ok", 0
-    if code > 0:
-        return f"failed: exit {code}", code
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"killed: {name}", 128 - code
-
-
 class Launcher:
-    """One `tracehouse run`: telemetry, a shipper and its spool for every run it starts."""
+    """One `tracehouse run`: telemetry, and a shipper with its spool, for every run it starts.
+    Construct it inside `children.Signals` (its threads inherit the blocked signals); the
+    GPUs each spec asks for are checked before anything starts."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, label: str, specs: Sequence[RunSpec]) -> None:
         self.settings = settings
         self.session = f"{time.time_ns():x}.{os.getpid()}"
         self.finished: list[Finished] = []
         self.interrupted = False
+        self.shipping: dict[str, Any] = {}
+        self.dropped_batches = 0
+        self.terminal = children.Terminal()
         self._interrupts = 0
         self._run_ids: set[str] = set()
         self._stop = threading.Event()
         self._agent: Agent | None = None
         self._agent_spool: tuple[Path, Any] | None = None
-        self.telemetry = "none"
-        self.known_gpus: list[int] | None = None
-        self.shipping: dict[str, Any] = {}
-
-    # -- the session: shipper, telemetry ----------------------------------------------------
-
-    def open(self, label: str) -> None:
-        settings = self.settings
+        self.host_agent: dict[str, Any] | None = None
+        backend, self.telemetry, known = self._telemetry()
+        try:
+            for spec in specs:
+                self._check_gpus(spec, known, label)
+        except LaunchError:
+            if backend is not None:
+                backend.close()
+            raise
         self._folder, self._lock = spool_folder(settings.spool_root, f"run.{self.session}", settings.server)
         self.spool = Spool(self._folder, 1 << 30, on_drop=self._dropped)
-        self.dropped_batches = 0
         self.shipper = Shipper(settings.server, self.spool, on_stored=lambda *_: None, on_dropped=self._dropped,
                                security=settings.security, call_timeout=5.0)  # fmt: skip
         self._replayer = threading.Thread(
@@ -223,35 +238,48 @@ class Launcher:
             name="runs-replay", daemon=True,
         )  # fmt: skip
         self._replayer.start()
-        self._start_telemetry(label)
+        if backend is not None:
+            self._start_agent(backend, label)
 
     def _dropped(self, batch_id: str, values: int) -> None:
         self.dropped_batches += 1
 
-    def _start_telemetry(self, label: str) -> None:
-        from agent.daemon import Agent, AgentConfig, open_backend
+    def _telemetry(self) -> tuple[GpuBackend | None, str, list[int] | None]:
+        """(a backend for an agent of our own, what the runs' telemetry is, the GPUs known)."""
+        from agent.daemon import open_backend
         from agent.gpu import BackendUnavailable
         from agent.presence import running_agent
 
         settings = self.settings
         running = running_agent(settings.server) if settings.agent == "auto" else None
         if running is not None:
-            self.telemetry = f"host agent (pid {running.get('pid', '?')}, run {running.get('run_id', '?')})"
+            self.host_agent = running
             gpus = running.get("gpus")
-            self.known_gpus = [int(g) for g in gpus] if isinstance(gpus, list) else None
-            return
+            known = [int(g) for g in gpus] if isinstance(gpus, list) else None
+            return None, f"host agent (pid {running.get('pid', '?')}, run {running.get('run_id', '?')})", known
         if settings.agent == "none":
-            self.telemetry = "none (--agent none)"
-            return
+            return None, "none (--agent none)", None
         try:
             backend = open_backend(settings.simulate)
         except BackendUnavailable as error:
             if settings.agent == "start":
                 raise LaunchError(f"--agent start: {error}", status=1) from None
-            self.telemetry = f"none: {error}"
             print(f"tracehouse: no GPU telemetry for this run: {error}", file=sys.stderr)
-            return
-        self.known_gpus = backend.indices()
+            return None, f"none: {error}", None
+        return backend, f"started for the run: {backend.name}", backend.indices()
+
+    @staticmethod
+    def _check_gpus(spec: RunSpec, known: list[int] | None, label: str) -> None:
+        missing = [g for g in spec.gpus or () if known is not None and g not in known]
+        if missing:
+            where = f"{label} line {spec.line}" if spec.line else "--gpus"
+            have = ",".join(map(str, known or [])) or "none"
+            raise LaunchError(f"{where}: GPU {missing[0]} is not on this host (GPUs: {have})")
+
+    def _start_agent(self, backend: GpuBackend, label: str) -> None:
+        from agent.daemon import Agent, AgentConfig
+
+        settings = self.settings
         folder, handle = spool_folder(settings.spool_root, f"agent.{self.session}", settings.server)
         self._agent_spool = (folder, handle)
         config = AgentConfig(
@@ -260,18 +288,11 @@ class Launcher:
         )  # fmt: skip
         self._agent = Agent(config, backend)
         self._agent.start()
-        self.telemetry = f"started for the run: {backend.name}, run {self._agent.run_id}"
+        self.telemetry += f", run {self._agent.run_id}"
 
-    def check_gpus(self, gpus: Sequence[int] | None, where: str) -> None:
-        if gpus and self.known_gpus is not None:
-            missing = [g for g in gpus if g not in self.known_gpus]
-            if missing:
-                have = ",".join(map(str, self.known_gpus)) or "none"
-                raise LaunchError(f"{where}: GPU {missing[0]} is not on this host (GPUs: {have})")
-
-    def close(self) -> dict[str, Any]:
+    def close(self) -> None:
         """Stop telemetry and ship what is pending (briefly, if the server is away); what is
-        left stays in the spool. Returns what happened to the batches."""
+        left stays in the spool (`shipping` says how much)."""
         connected = self.shipper.connected
         timeout = self.settings.end_timeout if connected else 0.5
         self._replayer.join(timeout if connected else 0.0)  # earlier runs' spools, while the server answers
@@ -285,7 +306,11 @@ class Launcher:
         waiting = self.spool.batches
         self._leave(waiting, self._folder, self._lock)
         self._replayer.join(0.5)
-        return {"spooled_batches": waiting, "dropped_batches": self.dropped_batches, "spool": str(self._folder)}
+        self.shipping = {
+            "spooled_batches": waiting,
+            "dropped_batches": self.dropped_batches,
+            "spool": str(self._folder),
+        }
 
     @staticmethod
     def _leave(batches: int, folder: Path, handle: Any) -> None:
@@ -295,28 +320,46 @@ class Launcher:
         else:
             remove_spool(folder, handle)
 
-    # -- runs ---------------------------------------------------------------------------------
+    # -- a slot: commands started together ---------------------------------------------------
 
-    def run_slot(self, specs: Sequence[RunSpec], signals: _Signals) -> list[Finished]:
-        """Start the specs together and wait for all of them; returns them finished."""
-        launched = [self._start(spec) for spec in specs]
+    def run_slot(self, specs: Sequence[RunSpec], signals: children.Signals) -> list[Finished]:
+        """Start the specs together, in one process group that has the terminal, and wait for
+        all of them; returns them finished (none when an interrupt came first)."""
+        while (number := signals.take()) is not None:  # before the slot: it does not start
+            self._interrupted(number)
+        if self.interrupted:
+            return []
+        group = 0
+        launched = []
+        for spec in specs:
+            one = self._start(spec, group)
+            group = group or one.pid
+            launched.append(one)
+        if group:
+            self.terminal.give(group)
         polled = 0.0
-        while any(one.running() for one in launched):
-            info = signals.wait(TICK_S)
-            if info is not None:
-                self._signalled(info, launched)
-            for one in launched:
-                if one.running():
-                    self._reap(one)
-            now = time.monotonic()
-            if now - polled >= self.settings.poll_interval:
-                polled = now
+        try:
+            while any(one.running() for one in launched):
+                number = signals.take(TICK_S)
+                if number is not None:
+                    self._signalled(number, group, launched)
                 for one in launched:
                     if one.running():
-                        one.tree.poll()
-            self._enforce_timeouts(launched, now)
+                        self._reap(one, group)
+                now = time.monotonic()
+                if now - polled >= self.settings.poll_interval:
+                    polled = now
+                    for one in launched:
+                        if one.running():
+                            one.tree.poll()
+                self._enforce_timeouts(launched, now)
+        finally:
+            self.terminal.take_back()
+        self._stop_leftovers(launched, group, signals)
         done = [self._finish(one, signals) for one in launched]
         self.finished.extend(done)
+        while (number := signals.take()) is not None:  # during the export or the import
+            self._interrupted(number)
         return done
 
     def _new_run_id(self, name: str, started_ns: int) -> str:
@@ -328,7 +371,7 @@ class Launcher:
         self._run_ids.add(run_id)
         return run_id
 
-    def _start(self, spec: RunSpec) -> _Launched:
+    def _start(self, spec: RunSpec, group: int) -> _Launched:
         settings = self.settings
         started_ns = time.time_ns()
         run_id = self._new_run_id(spec.name, started_ns)
@@ -347,7 +390,7 @@ class Launcher:
             one.report = settings.nsys_dir / re.sub(r"[^A-Za-z0-9_-]", "_", run_id)  # nsys adds .nsys-rep
             argv = [nsys_path(), "profile", f"--output={one.report}", "--force-overwrite=true", *spec.nsys_args, *argv]
         try:
-            one.pid = _spawn(argv, env)
+            one.pid = children.spawn(argv, env, group)
         except FileNotFoundError:
             one.status, one.exit_code = f"failed: command not found: {argv[0][:200]}", EXIT_NOT_FOUND
         except OSError as error:
@@ -357,12 +400,12 @@ class Launcher:
             one.tree.add_root(one.pid)
         self._describe(one, None)
         batcher.flush()  # the run is on the server (or in the spool) from its first moment
-        log.debug("run %s started: %s", run_id, shlex.join(spec.command)[:200])
+        log.debug("run %s started: %s", run_id, attrs["command"][:200])
         return one
 
     def _start_attrs(self, spec: RunSpec, env: Mapping[str, str]) -> dict[str, str]:
         attrs = {
-            "command": shlex.join(spec.command)[:4096],
+            "command": shlex.join(redacted(spec.command))[:4096],
             "cwd": os.getcwd()[:1024],
             "launcher": "tracehouse run",
             "tracehouse": __version__,
@@ -376,54 +419,78 @@ class Launcher:
         if spec.line:
             attrs.update(experiment=spec.experiment[:1024], repetition=str(spec.repetition), matrix_line=str(spec.line))
         if spec.nsys:
-            attrs["nsys.args"] = shlex.join(spec.nsys_args)[:1024]
+            attrs["nsys.args"] = shlex.join(redacted(spec.nsys_args))[:1024]
         return attrs
 
-    def _signalled(self, info: Any, launched: Sequence[_Launched]) -> None:
-        number = int(info.si_signo)
+    def _interrupted(self, number: int) -> None:
         self.interrupted = True
         self._interrupts += 1
-        running = [one for one in launched if one.running()]
+        log.debug("%s: the matrix stops after the runs in progress", signal.Signals(number).name)
+
+    def _signalled(self, number: int, group: int, launched: Sequence[_Launched]) -> None:
+        self._interrupted(number)
         if self._interrupts >= KILL_AFTER_INTERRUPTS:
             print(f"tracehouse: interrupted {self._interrupts} times: killing the run's processes", file=sys.stderr)
-            for one in running:
-                self._kill_tree(one, signal.SIGKILL)
+            children.signal_group(group, signal.SIGKILL)
+            for one in launched:
+                children.signal_each(one.tree.alive(), signal.SIGKILL)
             return
-        if _from_terminal(info):
+        if group and children.signal_group(group, number):
+            print(f"tracehouse: {signal.Signals(number).name} passed on to the command", file=sys.stderr)
+
+    def _reap(self, one: _Launched, group: int) -> None:
+        code = children.reap(one.pid, self.terminal, group)
+        if code is None:
             return
-        for one in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(one.pid, number)
-        print(f"tracehouse: {signal.Signals(number).name} passed on to the command", file=sys.stderr)
-
-    def _kill_tree(self, one: _Launched, number: int) -> None:
-        for pid in [one.pid, *one.tree.alive()]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, number)
-
-    def _reap(self, one: _Launched) -> None:
-        pid, status = os.waitpid(one.pid, os.WNOHANG)
-        if pid:
-            code = os.waitstatus_to_exitcode(status)
-            status_text, one.exit_code = _status_of(code)
-            if one.terminated_at is not None:
-                status_text = f"failed: timeout after {one.spec.timeout:g} s ({status_text})"
-            one.status = status_text
+        status_text, one.exit_code = children.status_of(code)
+        if one.terminated_at is not None:
+            status_text = f"failed: timeout after {one.spec.timeout:g} s ({status_text})"
+        elif code == -signal.SIGINT:
+            self._interrupted(signal.SIGINT)  # Ctrl-C reached the command straight from the terminal
+        one.status = status_text
 
     def _enforce_timeouts(self, launched: Sequence[_Launched], now: float) -> None:
         for one in launched:
             timeout = one.spec.timeout
-            if not one.running() or timeout is None:
-                continue
-            if one.terminated_at is None and now - one.started >= timeout:
+            if one.running() and timeout is not None and one.terminated_at is None and now - one.started >= timeout:
                 print(f"tracehouse: {one.spec.name}: past its timeout of {timeout:g} s: SIGTERM", file=sys.stderr)
                 one.terminated_at = now
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(one.pid, signal.SIGTERM)
-            elif one.terminated_at is not None and now - one.terminated_at >= self.settings.kill_after:
-                self._kill_tree(one, signal.SIGKILL)
+                children.signal_each([one.pid], signal.SIGTERM)
+            elif (
+                one.running() and one.terminated_at is not None and now - one.terminated_at >= self.settings.kill_after
+            ):
+                children.signal_each([one.pid, *one.tree.alive()], signal.SIGKILL)
 
-    def _finish(self, one: _Launched, signals: _Signals) -> Finished:
+    def _stop_leftovers(self, launched: Sequence[_Launched], group: int, signals: children.Signals) -> None:
+        """Processes of the runs still running once their commands ended (workers, daemons,
+        what a timeout left): SIGTERM, then SIGKILL after kill_after seconds. A run's
+        processes never outlive it, nor share the GPU with the next run of a matrix."""
+        for one in launched:
+            one.tree.poll()
+        left = sorted({pid for one in launched for pid in one.tree.alive()})
+        in_group = bool(group) and children.signal_group(group, 0)
+        if not left and not in_group:
+            return
+        print(f"tracehouse: {len(left) or 'some'} processes of the run still running after it ended: stopping them"
+              f" ({', '.join(map(str, left[:10]))})", file=sys.stderr)  # fmt: skip
+        children.signal_each(left, signal.SIGTERM)
+        if group:
+            children.signal_group(group, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.kill_after
+        while time.monotonic() < deadline:
+            number = signals.take(TICK_S)
+            if number is not None:
+                self._interrupted(number)
+                break
+            for one in launched:
+                one.tree.poll()
+            if not any(one.tree.alive() for one in launched) and not (group and children.signal_group(group, 0)):
+                return
+        children.signal_each([pid for one in launched for pid in one.tree.alive()], signal.SIGKILL)
+        if group:
+            children.signal_group(group, signal.SIGKILL)
+
+    def _finish(self, one: _Launched, signals: children.Signals) -> Finished:
         end_ns = time.time_ns()
         one.tree.close([one.pid] if one.pid else [])
         processes = sorted(one.tree.processes.values(), key=lambda p: (p.first_ns, p.pid))
@@ -462,7 +529,9 @@ class Launcher:
 
     # -- Nsight Systems -------------------------------------------------------------------------
 
-    def _import_trace(self, one: _Launched, signals: _Signals) -> None:
+    def _import_trace(self, one: _Launched, signals: children.Signals) -> None:
+        """Export nsys's report to SQLite and import it into the run. A file the importer
+        refuses part way leaves what was sent before in the run: its `trace` attribute says so."""
         from agent.importer import import_export
         from agent.tracefile import TraceFileError
         from agent.watch import ShipperSink
@@ -476,140 +545,38 @@ class Launcher:
         one.attrs["nsys.report"] = str(report)
         export = Path(f"{one.report}.sqlite")
         argv = [nsys_path(), "export", "--type=sqlite", f"--output={export}", "--force-overwrite=true", str(report)]
-        code = self._wait_for(_spawn(argv, os.environ, stdout_to_stderr=True), signals)
+        code = self._wait_for(children.spawn(argv, os.environ, stdout_to_stderr=True), signals)
         if code != 0 or not export.exists():
-            one.attrs["trace"] = f"not imported: `nsys export` ended with {_status_of(code)[0]}"
+            one.attrs["trace"] = f"not imported: `nsys export` ended with {children.status_of(code)[0]}"
             return
         try:
             result = import_export(export, ShipperSink(self.shipper.submit), host=self.settings.host,
                                    into_run=one.run_id)  # fmt: skip
         except TraceFileError as error:
-            one.attrs["trace"] = f"not imported: {error}"[:1024]
+            one.attrs["trace"] = f"not imported, or only in part: {error}"[:1024]
             return
         one.attrs["trace"] = "nsys"
         one.attrs["nsys.export"] = str(export)
         one.attrs.update({f"trace.{k}": v for k, v in result.attrs.items() if k not in ("command", "file")})
 
-    def _wait_for(self, pid: int, signals: _Signals) -> int:
+    def _wait_for(self, pid: int, signals: children.Signals) -> int:
+        """Wait for a helper (`nsys export`, its own group); signals are passed on to it."""
         while True:
-            info = signals.wait(TICK_S)
-            if info is not None and not _from_terminal(info):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, int(info.si_signo))
+            number = signals.take(TICK_S)
+            if number is not None:
+                self._interrupted(number)
+                children.signal_group(pid, number)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return os.waitstatus_to_exitcode(status)
 
 
 @contextlib.contextmanager
-def launching(settings: Settings, label: str) -> Iterator[tuple[Launcher, _Signals]]:
-    """A Launcher, open, with the forwarded signals blocked until it is closed."""
-    with _Signals() as signals:
-        launcher = Launcher(settings)
-        launcher.open(label)
-        try:
-            yield launcher, signals
-        finally:
-            launcher.shipping = launcher.close()
-
-
-def single_spec(command: Sequence[str], name: str, tags: Mapping[str, str], gpus: tuple[int, ...] | None,
-                nsys: bool, nsys_args: Sequence[str]) -> RunSpec:  # fmt: skip
-    """The RunSpec of `tracehouse run -- COMMAND`."""
-    return RunSpec(
-        name=name or os.path.basename(command[0]) or "run", command=tuple(command), experiment="", params={},
-        repetition=1, tags=dict(tags), env={}, gpus=gpus, nsys=nsys, nsys_args=tuple(nsys_args), timeout=None, line=0,
-    )  # fmt: skip
-
-
-def run_one(settings: Settings, spec: RunSpec) -> int:
-    """Run one command as a run; returns its exit status (128+N when killed by signal N)."""
-    with launching(settings, spec.name) as (launcher, signals):
-        launcher.check_gpus(spec.gpus, "--gpus")
-        finished = launcher.run_slot([spec], signals)[0]
-    _say_finished(finished, launcher)
-    _say_shipping(launcher)
-    return finished.exit_code
-
-
-def run_matrix(settings: Settings, slots: Sequence[Sequence[RunSpec]], label: str, output_format: str) -> int:
-    """Run the slots one after another (the specs of a slot together); a failed run is
-    recorded and the matrix goes on; an interrupt stops it after the current slot. Prints
-    the summary table; returns 0 when every run ended well, else 1 (130 when interrupted)."""
-    with launching(settings, label) as (launcher, signals):
-        for slot in slots:
-            for spec in slot:
-                launcher.check_gpus(spec.gpus, f"{label} line {spec.line}")
-        for number, slot in enumerate(slots, 1):
-            if launcher.interrupted:
-                print(
-                    f"tracehouse: interrupted: {len(slots) - number + 1} slots of the matrix not run", file=sys.stderr
-                )
-                break
-            names = ", ".join(spec.name for spec in slot)
-            print(f"tracehouse: [{number}/{len(slots)}] {names}", file=sys.stderr, flush=True)
-            for finished in launcher.run_slot(slot, signals):
-                _say_finished(finished, launcher)
-    _say_shipping(launcher)
-    _print_summary(settings, launcher.finished, output_format, stored=not launcher.shipping.get("spooled_batches"))
-    if launcher.interrupted:
-        return 130
-    return 0 if all(f.exit_code == 0 for f in launcher.finished) else 1
-
-
-def _say_finished(finished: Finished, launcher: Launcher) -> None:
-    print(f"tracehouse: run {finished.spec.name} ({finished.run_id}): {finished.status} after {finished.seconds:g} s,"
-          f" {finished.processes} processes; telemetry: {launcher.telemetry}", file=sys.stderr, flush=True)  # fmt: skip
-
-
-def _say_shipping(launcher: Launcher) -> None:
-    shipping = launcher.shipping
-    if shipping.get("spooled_batches"):
-        print(f"tracehouse: the server at {launcher.settings.server} did not answer: {shipping['spooled_batches']}"
-              f" batches wait in {shipping['spool']}; the next `tracehouse run`, training run or the host's agent"
-              " sends them once it answers", file=sys.stderr)  # fmt: skip
-    if shipping.get("dropped_batches"):
-        print(f"tracehouse: {shipping['dropped_batches']} batches were dropped (the spool was full)", file=sys.stderr)
-
-
-SUMMARY_COLUMNS = ("name", "status", "exit_code", "duration_s", "sm_util_pct", "gpu_busy_pct", "energy_j",
-                   "gpu_mem_peak_bytes", "run_id")  # fmt: skip
-
-
-def _print_summary(settings: Settings, finished: Sequence[Finished], output_format: str, stored: bool) -> None:
-    """The matrix's table: from the Query service when the runs are stored, else what this
-    process knows (telemetry figures need the store)."""
-    import pandas as pd
-
-    from query.client import Client, QueryFailed
-    from tracehouse.output import render
-
-    local = pd.DataFrame(
-        [{"name": f.spec.name, "status": f.status, "exit_code": f.exit_code, "duration_s": f.seconds,
-          "run_id": f.run_id, **{f"tag.{k}": v for k, v in f.spec.tags.items()}} for f in finished]
-    )  # fmt: skip
-    if not len(local):
-        return
-    frame = local
-    if stored:
-        client = Client(settings.server, timeout=30.0, security=settings.security)
-        try:
-            figures = client.compare([f.run_id for f in finished])
-            frame = summary_of(figures)
-        except QueryFailed as error:
-            print(f"tracehouse: telemetry figures unavailable ({error}); the runs as this process saw them:",
-                  file=sys.stderr)  # fmt: skip
-        finally:
-            client.close()
-    render(frame, output_format)
-
-
-def summary_of(figures: Any) -> Any:
-    """The matrix's summary from Compare's figures: SM utilisation is the run's own (its
-    processes' NVML SM %), GPU busy % the traced busy time where traced, else NVML's
-    utilisation (the share of time a kernel ran)."""
-    frame = figures.copy()
-    frame["sm_util_pct"] = frame["proc_sm_util_mean"]
-    frame["gpu_busy_pct"] = frame["busy_pct"].where(frame["busy_pct"].notna(), frame["gpu_util_mean"])
-    tags = [c for c in frame.columns if str(c).startswith("tag.")]
-    return frame[[*SUMMARY_COLUMNS, *tags]]
+def launching(settings: Settings, label: str, specs: Sequence[RunSpec]) -> Iterator[Launcher]:
+    """A Launcher, closed at the end. Enter `children.Signals` first, before any thread
+    starts (grpc starts some), so that no thread takes a signal meant for the commands."""
+    launcher = Launcher(settings, label, specs)
+    try:
+        yield launcher
+    finally:
+        launcher.close()
