@@ -7,6 +7,7 @@ per process), else from one scan of every process per walk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ class ProcessTree:
         self._proc_lists_children = True  # until a process is found whose children /proc does not list
 
     def add_root(self, pid: int) -> None:
+        """A process of the tree: the command started, or an orphan of it this process adopted."""
         self._track(pid, self._wall_ns())
 
     def _track(self, pid: int, now: int, handle: psutil.Process | None = None) -> None:
@@ -83,6 +85,13 @@ class ProcessTree:
                     self._track(child, now)
                     if child in self._handles:
                         waiting.append(child)
+
+    def signal(self, number: int) -> None:
+        """Send a signal to every process of the tree still running (a pid reused since is
+        left alone: psutil checks the process's start time)."""
+        for handle in list(self._handles.values()):
+            with contextlib.suppress(psutil.Error):
+                handle.send_signal(number)
 
     def alive(self) -> list[int]:
         return sorted(self._handles)

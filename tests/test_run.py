@@ -4,6 +4,7 @@ so that exit statuses and signals are the real ones."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import io
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import termios
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -502,15 +504,78 @@ def test_processes_left_running_when_the_command_ends_are_stopped(
     assert left == [], "nothing of either run still runs"
     assert "still running after it ended: stopping them" in done.stderr
     summary = {row["name"]: row for row in json.loads(done.stdout)}
-    assert summary["background"]["status"] == "ok"
+    assert summary["background"]["status"] == "ok" and summary["background"]["duration_s"] < 5, "not the cleanup"
     assert summary["timed-out"]["status"] == "failed: timeout after 0.5 s (killed: SIGTERM)"
 
 
 def test_secrets_on_the_command_line_are_not_recorded(address: str, client: Client, home: Path) -> None:
     done = tracehouse_run(
-        address, home, "--name", "secretive", "--", "env", "WANDB_API_KEY=w1", "true", "--hf-token", "h2",
-        "--api-key=k3", "--batch", "64",
+        address, home, "--name", "secretive", "--env", "TOKENIZERS_PARALLELISM", "--", "env", "WANDB_API_KEY=w1",
+        "true", "--hf-token", "h2", "--api-key=k3", "--use-auth-token", "--hub-token", "h4", "--max-tokens", "5",
+        "--tokenizer", "gpt2", "https://user:pw5@example.com/x", "Authorization: Bearer b6",
+        TOKENIZERS_PARALLELISM="false",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    command = the_run(client, "secretive")["attrs"]["command"]
-    assert command == "env 'WANDB_API_KEY=***' true --hf-token '***' '--api-key=***' --batch 64"
+    attrs = the_run(client, "secretive")["attrs"]
+    assert attrs["command"] == (
+        "env 'WANDB_API_KEY=***' true --hf-token '***' '--api-key=***' --use-auth-token --hub-token '***'"
+        " --max-tokens 5 --tokenizer gpt2 'https://user:***@example.com/x' 'Authorization: ***'"
+    )
+    assert attrs["env.TOKENIZERS_PARALLELISM"] == "false", "a tokenizer is not a token"
+
+
+def test_a_long_name_still_makes_a_run(address: str, client: Client, home: Path) -> None:
+    name = "resnet50-" + "x" * 300
+    done = tracehouse_run(address, home, "--name", name, *python("pass"))
+    assert done.returncode == 0 and "lost" not in done.stderr, done.stderr
+    run = the_run(client, name)
+    assert len(run["run_id"]) <= 119 and run["attrs"]["status"] == "ok"
+
+
+def test_ctrl_z_stops_the_command_and_tracehouse_and_continuing_goes_on(
+    address: str, client: Client, home: Path, tmp_path: Path
+) -> None:
+    """Ctrl-Z at the terminal stops the command, and tracehouse stops itself so that a shell
+    would get the terminal back; continued (a shell's `fg`), it gives the command the
+    terminal again and continues it."""
+    ready = tmp_path / "ready"
+    primary, secondary = pty.openpty()
+
+    def take_the_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch()\nfor _ in range(40): time.sleep(0.05)"
+    process = subprocess.Popen(
+        run_args(address, "--name", "suspended", "--", sys.executable, "-c", code), env=run_env(home),
+        stdin=secondary, stdout=secondary, stderr=secondary, start_new_session=True, preexec_fn=take_the_terminal,
+    )  # fmt: skip
+    os.close(secondary)
+    reader = threading.Thread(target=drain, args=(primary,), daemon=True)
+    reader.start()
+    try:
+        wait_until_ready(ready, process)
+        os.write(primary, b"\x1a")  # Ctrl-Z
+        wait_for(lambda: psutil.Process(process.pid).status() == psutil.STATUS_STOPPED, "tracehouse stopped")
+        command = [c for c in psutil.Process(process.pid).children() if "range(40)" in " ".join(c.cmdline())]
+        assert command and command[0].status() == psutil.STATUS_STOPPED
+        assert os.tcgetpgrp(primary) == process.pid, "the terminal is tracehouse's group's again"
+        time.sleep(2.5)  # longer than the command's 40 short sleeps: stopped, it cannot have ended
+        os.kill(process.pid, signal.SIGCONT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        os.close(primary)
+    run = the_run(client, "suspended")
+    assert run["attrs"]["status"] == "ok" and ns(run["end"]) - ns(run["start"]) > 4.5e9
+
+
+def drain(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        while os.read(fd, 4096):
+            pass
+
+
+def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.02)

@@ -12,17 +12,21 @@ shell's `fg` continues both.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 from collections.abc import Mapping, Sequence
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-BLOCKED = (*FORWARDED, signal.SIGTTOU)  # SIGTTOU: taking the terminal back from the background
+BLOCKED = (*FORWARDED, signal.SIGTTOU)
+PR_SET_CHILD_SUBREAPER = 36  # SIGTTOU: taking the terminal back from the background
 
 
 class Signals:
     """Block the forwarded signals in every thread (threads started later inherit the mask)
     while in the `with`; `take(timeout)` is the next one, or None."""
+
+    late: int | None = None  # one that came when there was no one left to pass it to
 
     def __enter__(self) -> Signals:
         self._before = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)
@@ -33,29 +37,46 @@ class Signals:
         return None if info is None else int(info.si_signo)
 
     def __exit__(self, *exc: object) -> None:
-        while self.take() is not None:
-            pass  # taken now, with no one left to pass them to, so that none is delivered once unblocked
+        while (number := self.take()) is not None:  # none is delivered once unblocked
+            self.late = number
         signal.pthread_sigmask(signal.SIG_SETMASK, self._before)
 
 
 class Terminal:
-    """The terminal on stdin, when this process's group has it (the foreground job)."""
+    """The controlling terminal (/dev/tty, whatever stdin is), handed to a command's group only
+    while this process's group is the terminal's foreground job, and taken back only from it."""
 
     def __init__(self) -> None:
         self.fd: int | None = None
         with contextlib.suppress(OSError):
-            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-                self.fd = 0
+            self.fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+
+    def _owner(self) -> int | None:
+        if self.fd is None:
+            return None
+        try:
+            return os.tcgetpgrp(self.fd)
+        except OSError:
+            return None
+
+    def ours(self) -> bool:
+        """Whether this process is the terminal's foreground job (or has no terminal)."""
+        return self.fd is None or self._owner() == os.getpgrp()
 
     def give(self, group: int) -> None:
-        if self.fd is not None:
+        if self.fd is not None and self._owner() == os.getpgrp():
             with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.fd, group)
 
-    def take_back(self) -> None:
-        if self.fd is not None:
+    def take_back(self, group: int) -> None:
+        if self.fd is not None and group and self._owner() == group:
             with contextlib.suppress(OSError):
-                os.tcsetpgrp(self.fd, os.getpgrp())
+                os.tcsetpgrp(self.fd, os.getpgrp())  # SIGTTOU is blocked: this succeeds from the background
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], group: int = 0, stdout_to_stderr: bool = False) -> int:
@@ -81,20 +102,24 @@ def signal_group(group: int, number: int) -> bool:
 
 
 def reap(pid: int, terminal: Terminal, group: int) -> int | None:
-    """The exit code (os.waitstatus_to_exitcode's) of a child that ended, else None. A child
-    stopped from the terminal (Ctrl-Z) stops this process too, until the shell continues it;
-    one stopped for touching the terminal before it was its own gets it now."""
+    """The exit code (os.waitstatus_to_exitcode's) of a child that ended, else None.
+    Job control, as a shell does it: a command stopped from the terminal (Ctrl-Z), or for
+    using it while it is not the foreground job, stops this process too, so that the shell
+    gets the terminal back; when the shell continues this process (`fg`, `bg`), the command
+    is continued, with the terminal if this process has it. A command stopped by anything
+    else (kill -STOP) stays stopped."""
     done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
     if not done:
         return None
-    if os.WIFSTOPPED(status):
-        if os.WSTOPSIG(status) == signal.SIGTSTP and terminal.fd is not None:
-            terminal.take_back()
-            os.kill(os.getpid(), signal.SIGSTOP)  # the shell's `fg` continues us here
+    if not os.WIFSTOPPED(status):
+        return os.waitstatus_to_exitcode(status)
+    if os.WSTOPSIG(status) in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU) and terminal.fd is not None:
+        if os.WSTOPSIG(status) == signal.SIGTSTP or not terminal.ours():
+            terminal.take_back(group)
+            os.kill(os.getpid(), signal.SIGSTOP)  # continued here by the shell's fg or bg
         terminal.give(group)
         signal_group(group, signal.SIGCONT)
-        return None
-    return os.waitstatus_to_exitcode(status)
+    return None
 
 
 def status_of(code: int) -> tuple[str, int]:
@@ -110,7 +135,27 @@ def status_of(code: int) -> tuple[str, int]:
     return f"killed: {name}", 128 - code
 
 
-def signal_each(pids: Sequence[int], number: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, number)
+def become_subreaper() -> bool:
+    """Adopt the orphans of this process's descendants (Linux), so that a process whose parent
+    exited, or that left with setsid, stays in reach: its exit is reaped here."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def adopted(started: set[int]) -> list[int]:
+    """This process's children it did not start (orphans it adopted), the ended ones reaped."""
+    import psutil
+
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            if child.pid in started:
+                continue
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(child.pid, os.WNOHANG)[0]:
+                    continue  # it had ended: reaped now
+            found.append(child.pid)
+    return found

@@ -662,7 +662,8 @@ def run_run(args: argparse.Namespace) -> int:
     from tracehouse.children import Signals
 
     with Signals() as signals:  # before anything starts a thread (grpc does): see tracehouse.children
-        return _run_run(args, signals)
+        status = _run_run(args, signals)
+    return 128 + signals.late if signals.late else status
 
 
 def _run_run(args: argparse.Namespace, signals: Signals) -> int:
@@ -688,6 +689,8 @@ def _run_run(args: argparse.Namespace, signals: Signals) -> int:
         if nsys_args and not args.nsys:
             raise launcher.LaunchError("--nsys-args: only with --nsys")
         tags = launcher.check_tags(dict(args.tag), "--tag")
+        launcher.check_text(args.name, "--name")
+        launcher.check_text(args.host, "--host")
         settings = launcher.Settings(
             server=args.server or config.default_server(), server_given=args.server is not None,
             host=args.host or socket.gethostname(), spool_root=args.spool or config.default_spool() / "runs",

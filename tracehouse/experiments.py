@@ -3,13 +3,13 @@ what is said on stderr as they end, and the matrix's summary table."""
 
 from __future__ import annotations
 
+import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from tracehouse.children import Signals
-from tracehouse.launcher import EXIT_INTERRUPTED, Finished, Launcher, Settings, launching
+from tracehouse.launcher import Finished, Launcher, Settings, launching
 from tracehouse.matrix import RunSpec
 
 COMPARE_BATCH = 1000  # runs per Compare call (the service's bound)
@@ -24,7 +24,7 @@ def run_one(settings: Settings, spec: RunSpec, signals: Signals) -> int:
         for finished in done:
             _say_finished(finished, launcher)
     _say_shipping(launcher)
-    return done[0].exit_code if done else EXIT_INTERRUPTED
+    return done[0].exit_code if done else 128 + (launcher.signal or signal.SIGINT)
 
 
 def run_matrix(
@@ -45,9 +45,9 @@ def run_matrix(
             for finished in launcher.run_slot(slot, signals):
                 _say_finished(finished, launcher)
     _say_shipping(launcher)
-    _print_summary(launcher, output_format)
+    _print_summary(launcher, output_format, signals)
     if launcher.interrupted:
-        return EXIT_INTERRUPTED
+        return 128 + (launcher.signal or signal.SIGINT)
     return 0 if all(f.exit_code == 0 for f in launcher.finished) else 1
 
 
@@ -67,10 +67,10 @@ def _say_shipping(launcher: Launcher) -> None:
               " a full spool (the log above says which)", file=sys.stderr)  # fmt: skip
 
 
-def _print_summary(launcher: Launcher, output_format: str) -> None:
+def _print_summary(launcher: Launcher, output_format: str, signals: Signals) -> None:
     """The matrix's table: from the Query service when the runs are stored, else what this
-    process knows (telemetry figures need the store). The host's agent ships its last
-    samples within its flush interval: they are waited for."""
+    process knows (telemetry figures need the store; an interrupt skips them). The host's
+    agent ships its last samples within its flush interval: they are waited for."""
     import pandas as pd
 
     from query.client import Client, QueryFailed
@@ -83,9 +83,11 @@ def _print_summary(launcher: Launcher, output_format: str) -> None:
         [{"name": f.spec.name, "status": f.status, "exit_code": f.exit_code, "duration_s": f.seconds,
           "run_id": f.run_id, **{f"tag.{k}": v for k, v in f.spec.tags.items()}} for f in finished]
     )  # fmt: skip
-    if not launcher.shipping.get("spooled_batches"):
-        if launcher.host_agent is not None:
-            time.sleep(min(30.0, float(launcher.host_agent.get("flush_interval_s", 2.0)) + 1.0))
+    if launcher.host_agent is not None and not launcher.interrupted:
+        number = signals.take(min(30.0, float(launcher.host_agent.get("flush_interval_s", 2.0)) + 1.0))
+        if number is not None:
+            launcher.interrupted, launcher.signal = True, number
+    if not launcher.shipping.get("spooled_batches") and not launcher.interrupted:
         settings = launcher.settings
         client = Client(settings.server, timeout=60.0, security=settings.security)
         try:

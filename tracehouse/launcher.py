@@ -61,11 +61,17 @@ RECORDED_ENV = (
     "NCCL_IB_DISABLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID",
 )  # fmt: skip
-_SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|(^|[_-])(API[_-]?)?KEY($|[_-])|(^|[_-])AUTH($|[_-])", re.IGNORECASE
-)
+# words that make a name (an option, a variable) one of a secret: `--hf-token`, `WANDB_API_KEY`
+SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "pass", "pw", "pwd", "passphrase", "credential", "credentials",
+     "key", "apikey", "auth", "bearer", "cookie", "session"}
+)  # fmt: skip
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_URL_CREDENTIALS = re.compile(r"(://[^/:@\s]+:)[^@/\s]+@")
+_AUTHORIZATION = re.compile(r"((?:proxy-)?authorization\s*:\s*)\S.*", re.IGNORECASE)
 HIDDEN = "***"
+MAX_NAME_IN_ID = 50  # of a run's name in its id: the id stays under the batch ids' 128 bytes
+MAX_HOST_IN_ID = 40
 
 
 class LaunchError(Exception):
@@ -103,7 +109,7 @@ def check_env_names(names: Sequence[str]) -> tuple[str, ...]:
     for name in names:
         if not _ENV_NAME.fullmatch(name) or len(name) > 200:
             raise LaunchError(f"--env {name[:64]!r}: not an environment variable name (letters, digits, _; ≤ 200)")
-        if _SECRET_NAME.search(name):
+        if _secret_name(name):
             raise LaunchError(f"--env {name}: looks like it holds a secret; tracehouse does not record those")
     return tuple(names)
 
@@ -114,6 +120,8 @@ def check_tags(tags: Mapping[str, str], where: str) -> dict[str, str]:
     if len(tags) > MAX_TAGS:
         raise LaunchError(f"{where}: {len(tags)} tags; at most {MAX_TAGS}")
     for key, value in tags.items():
+        check_text(key, where)
+        check_text(value, where)
         if not 0 < len(key.encode()) <= limits.max_name_bytes:
             raise LaunchError(f"{where} {key[:64]!r}: a tag's key is 1..{limits.max_name_bytes} bytes")
         if len(value.encode()) > limits.max_string_bytes:
@@ -143,29 +151,45 @@ def gpu_list(text: str) -> tuple[int, ...]:
     return tuple(gpus)
 
 
+def _secret_name(name: str) -> bool:
+    return any(word in SECRET_WORDS for word in re.split(r"[^a-z0-9]+", name.lower()))
+
+
 def redacted(argv: Sequence[str]) -> list[str]:
     """A command line to record: the values of options and variables named like secrets
-    (`--hf-token X`, `--api-key=X`, `WANDB_API_KEY=X`) hidden."""
+    (`--hf-token X`, `--api-key=X`, `WANDB_API_KEY=X`), passwords in URLs and Authorization
+    headers hidden; arguments that are not UTF-8 shown with replacement characters."""
     shown: list[str] = []
     hide_next = False
-    for arg in argv:
+    for raw in argv:
+        arg = os.fsencode(raw).decode("utf-8", "replace")
         name, equals, _ = arg.partition("=")
-        if hide_next:
+        if hide_next and not arg.startswith("-"):
             shown.append(HIDDEN)
-            hide_next = False
-        elif (name.startswith("-") or _ENV_NAME.fullmatch(name)) and _SECRET_NAME.search(name):
+        elif (name.startswith("-") or _ENV_NAME.fullmatch(name)) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}" if equals else arg)
-            hide_next = not equals and name.startswith("-")
         else:
-            shown.append(arg)
+            shown.append(_AUTHORIZATION.sub(rf"\g<1>{HIDDEN}", _URL_CREDENTIALS.sub(rf"\g<1>{HIDDEN}@", arg)))
+        hide_next = arg.startswith("-") and not equals and _secret_name(name)
     return shown
+
+
+def check_text(text: str, where: str) -> str:
+    """Text from the command line that the store takes: UTF-8 (an argument that is not, is
+    refused here rather than after the command started)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise LaunchError(f"{where} {os.fsencode(text)[:64]!r}: not UTF-8") from None
+    return text
 
 
 def single_spec(command: Sequence[str], name: str, tags: Mapping[str, str], gpus: tuple[int, ...] | None,
                 nsys: bool, nsys_args: Sequence[str]) -> RunSpec:  # fmt: skip
     """The RunSpec of `tracehouse run -- COMMAND`."""
     return RunSpec(
-        name=name or os.path.basename(command[0]) or "run", command=tuple(command), experiment="", params={},
+        name=name or os.fsencode(os.path.basename(command[0])).decode("utf-8", "replace") or "run",
+        command=tuple(command), experiment="", params={},
         repetition=1, tags=dict(tags), env={}, gpus=gpus, nsys=nsys, nsys_args=tuple(nsys_args), timeout=None, line=0,
     )  # fmt: skip
 
@@ -197,6 +221,7 @@ class _Launched:
     exit_code: int | None = None
     terminated_at: float | None = None  # when a timeout sent SIGTERM
     report: Path | None = None
+    ended_ns: int | None = None  # when its command's exit was collected
 
     def running(self) -> bool:
         return self.pid > 0 and self.exit_code is None
@@ -212,6 +237,7 @@ class Launcher:
         self.session = f"{time.time_ns():x}.{os.getpid()}"
         self.finished: list[Finished] = []
         self.interrupted = False
+        self.signal: int | None = None  # the last signal this process received
         self.shipping: dict[str, Any] = {}
         self.dropped_batches = 0
         self.terminal = children.Terminal()
@@ -229,7 +255,13 @@ class Launcher:
             if backend is not None:
                 backend.close()
             raise
-        self._folder, self._lock = spool_folder(settings.spool_root, f"run.{self.session}", settings.server)
+        try:
+            self._folder, self._lock = spool_folder(settings.spool_root, f"run.{self.session}", settings.server)
+        except OSError as error:
+            if backend is not None:
+                backend.close()
+            raise LaunchError(f"--spool {settings.spool_root}: {error.strerror or error}") from None
+        children.become_subreaper()
         self.spool = Spool(self._folder, 1 << 30, on_drop=self._dropped)
         self.shipper = Shipper(settings.server, self.spool, on_stored=lambda *_: None, on_dropped=self._dropped,
                                security=settings.security, call_timeout=5.0)  # fmt: skip
@@ -306,6 +338,7 @@ class Launcher:
         waiting = self.spool.batches
         self._leave(waiting, self._folder, self._lock)
         self._replayer.join(0.5)
+        self.terminal.close()
         self.shipping = {
             "spooled_batches": waiting,
             "dropped_batches": self.dropped_batches,
@@ -349,12 +382,10 @@ class Launcher:
                 now = time.monotonic()
                 if now - polled >= self.settings.poll_interval:
                     polled = now
-                    for one in launched:
-                        if one.running():
-                            one.tree.poll()
+                    self._walk(launched)
                 self._enforce_timeouts(launched, now)
         finally:
-            self.terminal.take_back()
+            self.terminal.take_back(group)
         self._stop_leftovers(launched, group, signals)
         done = [self._finish(one, signals) for one in launched]
         self.finished.extend(done)
@@ -362,8 +393,18 @@ class Launcher:
             self._interrupted(number)
         return done
 
+    def _walk(self, launched: Sequence[_Launched]) -> None:
+        """Walk the runs' trees; orphans of theirs this process adopted join the first run of
+        the slot still running (the only one, unless the slot is collocated)."""
+        known = {one.pid for one in launched} | {pid for one in launched for pid in one.tree.processes}
+        adopters = [one for one in launched if one.running()] or list(launched)
+        for pid in children.adopted(known):
+            adopters[0].tree.add_root(pid)
+        for one in launched:
+            one.tree.poll()
+
     def _new_run_id(self, name: str, started_ns: int) -> str:
-        run_id = base = make_run_id(name, self.settings.host, started_ns)
+        run_id = base = make_run_id(name[:MAX_NAME_IN_ID], self.settings.host[:MAX_HOST_IN_ID], started_ns)
         number = 1
         while run_id in self._run_ids:
             number += 1
@@ -424,6 +465,7 @@ class Launcher:
 
     def _interrupted(self, number: int) -> None:
         self.interrupted = True
+        self.signal = number
         self._interrupts += 1
         log.debug("%s: the matrix stops after the runs in progress", signal.Signals(number).name)
 
@@ -433,7 +475,7 @@ class Launcher:
             print(f"tracehouse: interrupted {self._interrupts} times: killing the run's processes", file=sys.stderr)
             children.signal_group(group, signal.SIGKILL)
             for one in launched:
-                children.signal_each(one.tree.alive(), signal.SIGKILL)
+                one.tree.signal(signal.SIGKILL)
             return
         if group and children.signal_group(group, number):
             print(f"tracehouse: {signal.Signals(number).name} passed on to the command", file=sys.stderr)
@@ -442,11 +484,12 @@ class Launcher:
         code = children.reap(one.pid, self.terminal, group)
         if code is None:
             return
+        one.ended_ns = time.time_ns()
         status_text, one.exit_code = children.status_of(code)
         if one.terminated_at is not None:
             status_text = f"failed: timeout after {one.spec.timeout:g} s ({status_text})"
-        elif code == -signal.SIGINT:
-            self._interrupted(signal.SIGINT)  # Ctrl-C reached the command straight from the terminal
+        elif one.exit_code == EXIT_INTERRUPTED:  # Ctrl-C reached the command straight from the terminal
+            self._interrupted(signal.SIGINT)
         one.status = status_text
 
     def _enforce_timeouts(self, launched: Sequence[_Launched], now: float) -> None:
@@ -455,43 +498,44 @@ class Launcher:
             if one.running() and timeout is not None and one.terminated_at is None and now - one.started >= timeout:
                 print(f"tracehouse: {one.spec.name}: past its timeout of {timeout:g} s: SIGTERM", file=sys.stderr)
                 one.terminated_at = now
-                children.signal_each([one.pid], signal.SIGTERM)
+                one.tree.poll()
+                one.tree.signal(signal.SIGTERM)
             elif (
                 one.running() and one.terminated_at is not None and now - one.terminated_at >= self.settings.kill_after
             ):
-                children.signal_each([one.pid, *one.tree.alive()], signal.SIGKILL)
+                one.tree.signal(signal.SIGKILL)
 
     def _stop_leftovers(self, launched: Sequence[_Launched], group: int, signals: children.Signals) -> None:
-        """Processes of the runs still running once their commands ended (workers, daemons,
-        what a timeout left): SIGTERM, then SIGKILL after kill_after seconds. A run's
-        processes never outlive it, nor share the GPU with the next run of a matrix."""
-        for one in launched:
-            one.tree.poll()
+        """Processes of the runs still running once their commands ended (workers, something
+        started in the background, what a timeout left): SIGTERM, then SIGKILL after
+        kill_after seconds. A run's processes never outlive it, nor share the GPU with the
+        next run of a matrix. Members of the group the walks never saw get the same."""
+        self._walk(launched)
         left = sorted({pid for one in launched for pid in one.tree.alive()})
-        in_group = bool(group) and children.signal_group(group, 0)
-        if not left and not in_group:
-            return
-        print(f"tracehouse: {len(left) or 'some'} processes of the run still running after it ended: stopping them"
-              f" ({', '.join(map(str, left[:10]))})", file=sys.stderr)  # fmt: skip
-        children.signal_each(left, signal.SIGTERM)
         if group:
             children.signal_group(group, signal.SIGTERM)
+        if not left:
+            return
+        print(f"tracehouse: {len(left)} processes of the run still running after it ended: stopping them"
+              f" ({', '.join(map(str, left[:10]))})", file=sys.stderr)  # fmt: skip
+        for one in launched:
+            one.tree.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.settings.kill_after
         while time.monotonic() < deadline:
-            number = signals.take(TICK_S)
+            number = signals.take(self.settings.poll_interval / 5)
             if number is not None:
                 self._interrupted(number)
                 break
-            for one in launched:
-                one.tree.poll()
-            if not any(one.tree.alive() for one in launched) and not (group and children.signal_group(group, 0)):
+            self._walk(launched)
+            if not any(one.tree.alive() for one in launched):
                 return
-        children.signal_each([pid for one in launched for pid in one.tree.alive()], signal.SIGKILL)
+        for one in launched:
+            one.tree.signal(signal.SIGKILL)
         if group:
             children.signal_group(group, signal.SIGKILL)
 
     def _finish(self, one: _Launched, signals: children.Signals) -> Finished:
-        end_ns = time.time_ns()
+        end_ns = one.ended_ns or time.time_ns()
         one.tree.close([one.pid] if one.pid else [])
         processes = sorted(one.tree.processes.values(), key=lambda p: (p.first_ns, p.pid))
         if processes:
