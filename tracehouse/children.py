@@ -18,8 +18,8 @@ import signal
 from collections.abc import Mapping, Sequence
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-BLOCKED = (*FORWARDED, signal.SIGTTOU)
-PR_SET_CHILD_SUBREAPER = 36  # SIGTTOU: taking the terminal back from the background
+BLOCKED = (*FORWARDED, signal.SIGTTOU)  # SIGTTOU: taking the terminal back from the background
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class Signals:

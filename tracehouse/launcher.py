@@ -151,6 +151,11 @@ def gpu_list(text: str) -> tuple[int, ...]:
     return tuple(gpus)
 
 
+def _shown(text: str) -> str:
+    """Text from the command line as UTF-8 can show it: bytes that are not, replaced."""
+    return os.fsencode(text).decode("utf-8", "replace")
+
+
 def _secret_name(name: str) -> bool:
     return any(word in SECRET_WORDS for word in re.split(r"[^a-z0-9]+", name.lower()))
 
@@ -162,7 +167,7 @@ def redacted(argv: Sequence[str]) -> list[str]:
     shown: list[str] = []
     hide_next = False
     for raw in argv:
-        arg = os.fsencode(raw).decode("utf-8", "replace")
+        arg = _shown(raw)
         name, equals, _ = arg.partition("=")
         if hide_next and not arg.startswith("-"):
             shown.append(HIDDEN)
@@ -188,7 +193,7 @@ def single_spec(command: Sequence[str], name: str, tags: Mapping[str, str], gpus
                 nsys: bool, nsys_args: Sequence[str]) -> RunSpec:  # fmt: skip
     """The RunSpec of `tracehouse run -- COMMAND`."""
     return RunSpec(
-        name=name or os.fsencode(os.path.basename(command[0])).decode("utf-8", "replace") or "run",
+        name=name or _shown(os.path.basename(command[0])) or "run",
         command=tuple(command), experiment="", params={},
         repetition=1, tags=dict(tags), env={}, gpus=gpus, nsys=nsys, nsys_args=tuple(nsys_args), timeout=None, line=0,
     )  # fmt: skip
@@ -245,22 +250,20 @@ class Launcher:
         self._run_ids: set[str] = set()
         self._stop = threading.Event()
         self._agent: Agent | None = None
-        self._agent_spool: tuple[Path, Any] | None = None
+        self._agent_lock: Any = None  # on the spool folder of the agent started here
         self.host_agent: dict[str, Any] | None = None
         backend, self.telemetry, known = self._telemetry()
         try:
             for spec in specs:
                 self._check_gpus(spec, known, label)
+            try:
+                self._folder, self._lock = spool_folder(settings.spool_root, f"run.{self.session}", settings.server)
+            except OSError as error:
+                raise LaunchError(f"--spool {settings.spool_root}: {error.strerror or error}") from None
         except LaunchError:
             if backend is not None:
                 backend.close()
             raise
-        try:
-            self._folder, self._lock = spool_folder(settings.spool_root, f"run.{self.session}", settings.server)
-        except OSError as error:
-            if backend is not None:
-                backend.close()
-            raise LaunchError(f"--spool {settings.spool_root}: {error.strerror or error}") from None
         children.become_subreaper()
         self.spool = Spool(self._folder, 1 << 30, on_drop=self._dropped)
         self.shipper = Shipper(settings.server, self.spool, on_stored=lambda *_: None, on_dropped=self._dropped,
@@ -312,8 +315,7 @@ class Launcher:
         from agent.daemon import Agent, AgentConfig
 
         settings = self.settings
-        folder, handle = spool_folder(settings.spool_root, f"agent.{self.session}", settings.server)
-        self._agent_spool = (folder, handle)
+        folder, self._agent_lock = spool_folder(settings.spool_root, f"agent.{self.session}", settings.server)
         config = AgentConfig(
             server=settings.server, spool=folder, interval=settings.interval, run_name=f"tracehouse run {label}"[:120],
             host=settings.host, security=settings.security, shutdown_timeout=settings.end_timeout,
@@ -331,9 +333,7 @@ class Launcher:
         self._stop.set()
         if self._agent is not None:
             self._agent.stop(timeout if self._agent.shipper.connected else 0.5)
-            folder, handle = self._agent_spool or (None, None)
-            if folder is not None:
-                self._leave(Spool(folder, 1 << 40, on_drop=lambda *_: None).batches, folder, handle)
+            self._leave(self._agent.spool.batches, self._agent.spool.folder, self._agent_lock)
         self.shipper.shutdown(timeout)
         waiting = self.spool.batches
         self._leave(waiting, self._folder, self._lock)

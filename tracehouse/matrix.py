@@ -22,12 +22,14 @@ from typing import NamedTuple, TypeVar
 
 import yaml
 
+from tracehouse.model import DEFAULT_LIMITS
+
 MAX_BYTES = 1 << 20  # a matrix file
 MAX_RUNS = 10_000  # RunSpecs in one matrix, all slots together
 MAX_REPEAT = 1000
-MAX_GPU = 4095
-MAX_KEY_BYTES = 256  # a tag or env name
-MAX_VALUE_BYTES = 64 << 10  # a tag or env value
+MAX_GPU = DEFAULT_LIMITS.max_gpu_index
+MAX_KEY_BYTES = DEFAULT_LIMITS.max_name_bytes  # a tag or env name
+MAX_VALUE_BYTES = DEFAULT_LIMITS.max_string_bytes  # a tag or env value
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
