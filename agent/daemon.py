@@ -59,12 +59,14 @@ class Agent:
         self.run_id = make_run_id(config.run_name, self.host, self.started_ns)
         self.stats = Stats()
         self.earlier_dropped = 0
-        self.spool = Spool(config.spool, config.spool_max_bytes, on_drop=self._dropped)
+        self.earlier_unknown: list[str] = []  # spool files moved aside whose value counts are unknown
+        self.spool = Spool(config.spool, config.spool_max_bytes, on_drop=self._dropped, on_unknown=self._unknown)
         self.shipper = Shipper(
             config.server,
             self.spool,
             on_stored=self._stored,
             on_dropped=self._dropped,
+            on_duplicate=self._duplicate,
             security=config.security,
             max_backoff=config.max_backoff,
         )
@@ -91,6 +93,14 @@ class Agent:
 
     def _stored(self, batch_id: str, values: int) -> None:
         self.stats.add(**{"stored" if self._mine(batch_id) else "recovered": values})
+
+    def _duplicate(self, batch_id: str, values: int) -> None:
+        """The server had this batch before: stored, for one of this session (a retry after an
+        answer that was lost), but not recovered again, for one replayed from the spool."""
+        self.stats.add(**{"stored" if self._mine(batch_id) else "already_stored": values})
+
+    def _unknown(self, file_name: str) -> None:
+        self.earlier_unknown.append(file_name)
 
     def _dropped(self, batch_id: str, values: int) -> None:
         if self._mine(batch_id):
@@ -179,11 +189,18 @@ class Agent:
             "invalid": counts["invalid"],
             "missed_ticks": counts["missed_ticks"],
             "recovered": counts["recovered"],
-            "earlier_dropped": self.earlier_dropped,
+            "already_stored": counts["already_stored"],
+            # a spool file whose header failed its checks lost an unknown number of values
+            "earlier_dropped": "unknown" if self.earlier_unknown else self.earlier_dropped,
             "run_id": self.run_id,
             "cpu_seconds": round(cpu_seconds, 4),
             "seconds": round((time.time_ns() - self.started_ns) / 1e9, 3),
         }
+        if self.earlier_unknown:
+            log.warning(
+                "values of earlier sessions lost: %d counted, and an unknown number in %d spool files moved aside (%s)",
+                self.earlier_dropped, len(self.earlier_unknown), ", ".join(self.earlier_unknown[:5]),
+            )  # fmt: skip
         if report["spooled"]:
             log.warning("%d values wait in the spool %s for the next start", report["spooled"], self.spool.folder)
         return report

@@ -76,7 +76,10 @@ def classify(error: grpc.RpcError, payload_bytes: int) -> tuple[Outcome, float]:
 
 class Shipper:
     """`on_stored(batch, values)` and `on_dropped(batch_id, values)` report every batch's fate;
-    `on_write(seconds, outcome)`, when set, is told of every Write call and how long it took."""
+    `on_duplicate(batch_id, values)`, when given, is told instead of `on_stored` of a batch the
+    server answered as one it had stored before (nothing new was stored: as when a replayed
+    batch had reached the server before an agent's crash). `on_write(seconds, outcome)`, when
+    set, is told of every Write call and how long it took."""
 
     def __init__(
         self,
@@ -88,11 +91,13 @@ class Shipper:
         queue_batches: int = 16,
         call_timeout: float = 10.0,
         max_backoff: float = 30.0,
+        on_duplicate: Callable[[str, int], None] | None = None,
     ) -> None:
         self.server = server
         self.spool = spool
         self._on_stored = on_stored
         self._on_dropped = on_dropped
+        self._on_duplicate = on_duplicate or on_stored
         self._metadata = security.metadata() if security else ()
         self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
         self._write = encoded_write(self._channel)
@@ -160,7 +165,7 @@ class Shipper:
         if item is None:
             return False
         batch, spooled = item
-        outcome, detail, pause = self._send(batch)
+        outcome, detail, pause, duplicate = self._send(batch)
         if outcome is Outcome.RETRY or outcome is Outcome.BUSY:
             if not spooled:
                 with self._changed:
@@ -178,7 +183,7 @@ class Shipper:
                 if self._queue and self._queue[0] is batch:
                     self._queue.popleft()
         if outcome is Outcome.STORED:
-            self._on_stored(batch.batch_id, batch.values)
+            (self._on_duplicate if duplicate else self._on_stored)(batch.batch_id, batch.values)
         else:
             log.error(
                 "server refused batch %s for good (%s): %d values dropped",
@@ -189,18 +194,20 @@ class Shipper:
             self._on_dropped(batch.batch_id, batch.values)
         return True
 
-    def _send(self, batch: EncodedBatch) -> tuple[Outcome, str, float]:
-        """The outcome, what the server said, and (BUSY) the pause it asked for in seconds."""
+    def _send(self, batch: EncodedBatch) -> tuple[Outcome, str, float, bool]:
+        """The outcome, what the server said, (BUSY) the pause it asked for in seconds, and
+        (STORED) whether the server had stored the batch before."""
         started = time.perf_counter()
-        outcome, detail, pause = Outcome.STORED, "", 0.0
+        outcome, detail, pause, duplicate = Outcome.STORED, "", 0.0, False
         try:
-            self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
+            answer = self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
+            duplicate = bool(answer.duplicate)
         except grpc.RpcError as error:
             detail = f"{error.code().name}: {error.details()}"
             outcome, pause = classify(error, len(batch.payload))
         if self.on_write is not None:
             self.on_write(time.perf_counter() - started, outcome)
-        return outcome, detail, pause
+        return outcome, detail, pause, duplicate
 
     def _lost(self, detail: str) -> None:
         if self._connected:

@@ -1,9 +1,19 @@
 """The disk spool: batches the server could not take yet, oldest first, each in a file
-with a checksum. Bounded: when full, the oldest batches are dropped and counted.
+with checksums. Bounded: when full, the oldest batches are dropped and counted.
 
-File layout: MAGIC, header (crc32 of the payload, sample values, payload length, batch id
-length), batch id, payload (an encoded WriteRequest). Files are written to a temporary
-name, synced, then renamed, so a crash never leaves a half-written batch under a real name.
+File layout (THSPOOL2): MAGIC, the crc32 of what follows up to the payload, the fields
+(crc32 of the payload, sample values, payload length, batch id length), the batch id, the
+payload (an encoded WriteRequest). Everything trusted before the payload is read is covered
+by the first checksum, so a changed count is found when the spool is opened, not believed.
+Files are written to a temporary name, synced, then renamed, so a crash never leaves a
+half-written batch under a real name.
+
+Files of the previous format (THSPOOL1: no checksum over the fields) are still replayed:
+their payload's checksum is checked, and their batch id and value count are read from the
+payload itself, never from the unchecked fields.
+
+A file that fails its checks is moved aside (`NAME.corrupt`) and counted: with its value
+count where that is known, as `unknown` where its header could not be trusted.
 """
 
 from __future__ import annotations
@@ -20,8 +30,11 @@ from pathlib import Path
 
 log = logging.getLogger("tracehouse.agent.spool")
 
-MAGIC = b"THSPOOL1"
-HEADER = struct.Struct("<IQQH")
+MAGIC = b"THSPOOL2"
+OLD_MAGIC = b"THSPOOL1"  # the previous format: FIELDS right after the magic, no checksum over them
+CHECK = struct.Struct("<I")
+FIELDS = struct.Struct("<IQQH")  # payload crc32, sample values, payload length, batch id length
+HEAD = len(MAGIC) + CHECK.size + FIELDS.size
 SUFFIX = ".batch"
 
 
@@ -40,14 +53,90 @@ class _Entry:
     size: int
 
 
+class SpoolFileError(ValueError):
+    """A spool file failed a check (the message says which)."""
+
+
+def encode(batch: EncodedBatch) -> bytes:
+    ident = batch.batch_id.encode()
+    fields = FIELDS.pack(zlib.crc32(batch.payload), batch.values, len(batch.payload), len(ident)) + ident
+    return MAGIC + CHECK.pack(zlib.crc32(fields)) + fields + batch.payload
+
+
+def decode_head(head: bytes, ident: bytes) -> tuple[str, int, int]:
+    """Batch id, values and payload length from a THSPOOL2 header (HEAD bytes) and the batch
+    id's bytes after it; SpoolFileError unless the header's checksum holds."""
+    if len(head) < HEAD or head[: len(MAGIC)] != MAGIC:
+        raise SpoolFileError("not a spool file" if len(head) < HEAD else f"unknown format {head[:8]!r}")
+    (check,) = CHECK.unpack_from(head, len(MAGIC))
+    fields = head[len(MAGIC) + CHECK.size : HEAD]
+    _, values, length, id_length = FIELDS.unpack(fields)
+    if len(ident) != id_length or zlib.crc32(fields + ident) != check:
+        raise SpoolFileError("header checksum mismatch: its fields were changed or damaged")
+    try:
+        return ident.decode(), values, length
+    except UnicodeDecodeError:
+        raise SpoolFileError("batch id is not UTF-8") from None
+
+
+def decode(data: bytes) -> EncodedBatch:
+    """The batch in a whole spool file of either format; SpoolFileError when a check fails."""
+    if data[: len(OLD_MAGIC)] == OLD_MAGIC:
+        return _decode_old(data)
+    if len(data) < HEAD:
+        raise SpoolFileError("not a spool file")
+    id_length = FIELDS.unpack_from(data, len(MAGIC) + CHECK.size)[3]
+    batch_id, values, length = decode_head(data[:HEAD], data[HEAD : HEAD + id_length])
+    crc = FIELDS.unpack_from(data, len(MAGIC) + CHECK.size)[0]
+    payload = data[HEAD + id_length :]
+    if len(payload) != length:
+        raise SpoolFileError(f"payload of {len(payload)} bytes, the header says {length}")
+    if zlib.crc32(payload) != crc:
+        raise SpoolFileError("payload checksum mismatch")
+    return EncodedBatch(batch_id, payload, values)
+
+
+def _decode_old(data: bytes) -> EncodedBatch:
+    """A THSPOOL1 file: only its payload is checked, so the batch id and value count come from it."""
+    from google.protobuf.message import DecodeError
+
+    from tracehouse.v1 import ingest_pb2
+
+    start = len(OLD_MAGIC) + FIELDS.size
+    if len(data) < start:
+        raise SpoolFileError("not a spool file")
+    crc, _, length, id_length = FIELDS.unpack_from(data, len(OLD_MAGIC))
+    payload = data[start + id_length :]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        raise SpoolFileError("payload checksum mismatch (previous spool format)")
+    try:
+        batch = ingest_pb2.WriteRequest.FromString(payload).batch
+    except DecodeError:
+        raise SpoolFileError("payload is not a batch (previous spool format)") from None
+    return EncodedBatch(batch.batch_id, payload, len(batch.samples.ts))
+
+
+def _lost(values: int | None) -> str:
+    return "unknown" if values is None else str(values)
+
+
 class Spool:
     """`on_drop(batch_id, values)` is told of every batch given up: evicted when the spool
-    is full, unwritable, or found corrupt."""
+    is full, unwritable, or found corrupt. `on_unknown(file_name)` is told of a file moved
+    aside whose batch and value count are unknown (its header failed its checks); without
+    it, such a file is reported to `on_drop` as ("", 0), for callers that count batches."""
 
-    def __init__(self, folder: Path, max_bytes: int, on_drop: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        max_bytes: int,
+        on_drop: Callable[[str, int], None],
+        on_unknown: Callable[[str], None] | None = None,
+    ) -> None:
         self.folder = folder
         self.max_bytes = max_bytes
         self._on_drop = on_drop
+        self._on_unknown = on_unknown
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._entries: list[_Entry] = []
@@ -66,19 +155,28 @@ class Spool:
     def _index(self, path: Path) -> _Entry | None:
         try:
             with path.open("rb") as file:
-                head = file.read(len(MAGIC) + HEADER.size)
-                if head[: len(MAGIC)] != MAGIC or len(head) < len(MAGIC) + HEADER.size:
-                    raise ValueError("not a spool file")
-                _, values, _, id_length = HEADER.unpack(head[len(MAGIC) :])
-                batch_id = file.read(id_length).decode()
+                head = file.read(HEAD)
+                if head[: len(OLD_MAGIC)] == OLD_MAGIC:
+                    old = _decode_old(head + file.read())
+                    return _Entry(path, old.batch_id, old.values, path.stat().st_size)
+                id_length = FIELDS.unpack_from(head, len(MAGIC) + CHECK.size)[3] if len(head) == HEAD else 0
+                batch_id, values, _ = decode_head(head, file.read(id_length))
             return _Entry(path, batch_id, values, path.stat().st_size)
-        except (OSError, ValueError, UnicodeDecodeError) as error:
-            self._quarantine(path, f"unreadable header ({error})", "", 0)
+        except (OSError, SpoolFileError) as error:
+            self._quarantine(path, str(error), "", None)
             return None
 
-    def _quarantine(self, path: Path, why: str, batch_id: str, values: int) -> None:
-        log.error("spool file %s is corrupt (%s): moved aside, %d values lost", path.name, why, values)
-        self._on_drop(batch_id, values)
+    def _quarantine(self, path: Path, why: str, batch_id: str, values: int | None) -> None:
+        log.error(
+            "spool file %s is corrupt (%s): moved aside as %s, values lost: %s",
+            path.name, why, path.with_suffix(".corrupt").name, _lost(values),
+        )  # fmt: skip
+        if values is not None:
+            self._on_drop(batch_id, values)
+        elif self._on_unknown is not None:
+            self._on_unknown(path.name)
+        else:
+            self._on_drop(batch_id, 0)
         try:
             path.rename(path.with_suffix(".corrupt"))
         except OSError:
@@ -100,13 +198,7 @@ class Spool:
 
     def put(self, batch: EncodedBatch) -> bool:
         """Append a batch, dropping the oldest to make room; False if it could not be kept."""
-        ident = batch.batch_id.encode()
-        data = (
-            MAGIC
-            + HEADER.pack(zlib.crc32(batch.payload), batch.values, len(batch.payload), len(ident))
-            + ident
-            + batch.payload
-        )
+        data = encode(batch)
         dropped: list[_Entry] = []
         kept = True
         with self._lock:
@@ -153,20 +245,19 @@ class Spool:
             self._full_warned = True
 
     def oldest(self) -> EncodedBatch | None:
-        """The oldest intact batch; corrupt files are moved aside and counted."""
+        """The oldest intact batch; corrupt files are moved aside and counted (with the value
+        count found when the spool was opened or the batch written: that one was checked)."""
         while True:
             with self._lock:
                 if not self._entries:
                     return None
                 entry = self._entries[0]
             try:
-                data = entry.path.read_bytes()
-                crc, values, length, id_length = HEADER.unpack_from(data, len(MAGIC))
-                payload = data[len(MAGIC) + HEADER.size + id_length :]
-                if len(payload) != length or zlib.crc32(payload) != crc:
-                    raise ValueError("checksum mismatch")
-                return EncodedBatch(entry.batch_id, payload, values)
-            except (OSError, ValueError, struct.error) as error:
+                batch = decode(entry.path.read_bytes())
+                if (batch.batch_id, batch.values) != (entry.batch_id, entry.values):
+                    raise SpoolFileError("the file changed since the spool was opened")
+                return batch
+            except (OSError, SpoolFileError) as error:
                 with self._lock:
                     if self._entries and self._entries[0] == entry:
                         self._bytes -= self._entries.pop(0).size

@@ -12,7 +12,8 @@ class Stats:
     invalid: int = 0  # readings refused as garbage (NaN, out of range)
     stored: int = 0  # values of this session the server acknowledged
     dropped: int = 0  # values of this session given up (spool full, corrupt, refused by the server)
-    recovered: int = 0  # values of earlier sessions replayed from the spool and acknowledged
+    recovered: int = 0  # values of earlier sessions replayed from the spool and stored now
+    already_stored: int = 0  # values of earlier sessions replayed that the server had stored before
     missed_ticks: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -15,6 +15,7 @@ from ingest.schema import (
     View,
     check_coarser_kept_longer,
     parse_retention,
+    quote,
     render,
 )
 
@@ -225,6 +226,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        3,
+        "the tables' columns as a view of this database, for user SQL (which reaches no system table)",
+        (
+            Statement(
+                "CREATE VIEW IF NOT EXISTS {db}.columns{on_cluster} AS "
+                "SELECT table, name, type, comment, position FROM system.columns "
+                "WHERE database = '{database}' AND table IN ('runs', 'devices', 'samples', 'events')"
+            ),
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
@@ -253,6 +265,6 @@ def script(layout: Layout) -> list[str]:
         # a new schema has nothing to fill in: run on a store in use, a backfill would start over
         steps = [step for step in migration.steps if not (isinstance(step, Statement) and step.local_only)]
         statements += [statement for step in steps for statement in render(step, layout)]
-    versions = ", ".join(f"({m.version}, '{m.name}')" for m in MIGRATIONS)
+    versions = ", ".join(f"({m.version}, {quote(m.name)})" for m in MIGRATIONS)
     statements.append(f"INSERT INTO {layout.db}.schema_migrations (version, name) VALUES {versions}")
     return statements

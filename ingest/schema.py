@@ -63,8 +63,9 @@ class Alter:
 
 @dataclass(frozen=True)
 class Statement:
-    """Plain SQL with `{db}` for the database; `local_only` statements are skipped on a
-    cluster (an INSERT ... SELECT cannot run ON CLUSTER)."""
+    """Plain SQL with `{db}` for the database, `{database}` for its bare name and `{on_cluster}` where
+    the statement runs on every node; `local_only` statements are skipped on a cluster (an
+    INSERT ... SELECT cannot run ON CLUSTER)."""
 
     sql: str
     local_only: bool = False
@@ -187,7 +188,7 @@ def table_ddl(table: Table, layout: Layout) -> list[str]:
         clauses.append(f"TTL {', '.join(ttls)}")
     if table.dedup:
         clauses.append(f"SETTINGS {dedup}")
-    clauses.append(f"COMMENT {_quote(table.comment)}")
+    clauses.append(f"COMMENT {quote(table.comment)}")
     create = (
         f"CREATE TABLE IF NOT EXISTS {layout.local(table.name)}{layout.on_cluster()} (\n"
         f"{table.columns.strip(chr(10))}\n) " + "\n".join(clauses)
@@ -220,7 +221,11 @@ def render(step: Step, layout: Layout) -> list[str]:
         return [f"ALTER TABLE {layout.local(step.table)}{layout.on_cluster()} {step.clause}"]
     if step.local_only and layout.cluster:
         return []
-    return [step.sql.replace("{db}", layout.db)]
+    return [
+        step.sql.replace("{db}", layout.db)
+        .replace("{database}", layout.database)
+        .replace("{on_cluster}", layout.on_cluster())
+    ]
 
 
 def retention_ddl(table: Table, layout: Layout, seconds: int) -> str:
@@ -231,5 +236,5 @@ def retention_ddl(table: Table, layout: Layout, seconds: int) -> str:
     return f"{alter} MODIFY TTL {', '.join(_ttls(table, seconds))}"
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

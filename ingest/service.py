@@ -1,15 +1,21 @@
-"""The gRPC Ingest service: admit a batch (ingest/admission.py), validate it whole, then store it exactly once."""
+"""The gRPC Ingest service: admit a batch (ingest/admission.py), validate it whole, check it against the
+caller's grant (ingest/grants.py), then store it exactly once."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ingest.admission import Admission, Overloaded
-from ingest.store import Store
-from ingest.validate import validate_batch
+from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions
+from ingest.store import Store, WriteResult
+from ingest.validate import ValidatedBatch, has_unknown_fields, validate_batch
 from tracehouse.pushback import PUSHBACK_KEY
+from tracehouse.scopes import CALLER, Grant
 from tracehouse.timefmt import now_ns
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
+
+log = logging.getLogger("tracehouse.ingest")
 
 
 class IngestService(ingest_pb2_grpc.IngestServicer):
@@ -18,14 +24,31 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
     def __init__(self, store: Store, admission: Admission | None = None) -> None:
         self.store = store
         self.admission = admission or Admission()
+        self.run_locks = RunLocks()
 
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
+        grant = CALLER.get()
         try:
             with self.admission.admit(len(encoded) or request.ByteSize()):
                 received = now_ns()
-                batch = validate_batch(request.batch, self.store.limits, received, encoded)
-                result = self.store.write(batch, received)
+                as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
+                batch = validate_batch(request.batch, self.store.limits, received, as_sent)
+                check_bounds(batch, grant)
+                result = self._write(batch, received, grant)
         except Overloaded as refused:
             context.set_trailing_metadata(((PUSHBACK_KEY, str(refused.retry_ms)),))
             raise
+        except OutOfBounds as refused:
+            log.info("refused a write from %s: %s is outside its token's bounds", context.peer(), refused.field)
+            raise
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, **result.rows)
+
+    def _write(self, batch: ValidatedBatch, received: int, grant: Grant) -> WriteResult:
+        """Run descriptions answer to the stored ones first, one run at a time in this process."""
+        if batch.runs is None:
+            return self.store.write(batch, received)
+        with self.run_locks.holding(batch.runs.column("run_id").to_pylist()):
+            stored = self.store.run_states(batch)
+            if stored is not None:  # None: this very batch is stored already
+                check_descriptions(batch.runs, stored, grant)
+            return self.store.write(batch, received)

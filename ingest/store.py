@@ -8,12 +8,16 @@ module knows which one is behind it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
+import os
 import queue
 import re
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
+from ingest import sqlguard
 from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
 from ingest.schema import Layout, render, retention_ddl, ttl_expression
 from ingest.validate import ValidatedBatch
@@ -40,6 +45,14 @@ _READONLY = {164, 497}  # READONLY, ACCESS_DENIED
 _TOO_LARGE = {158, 241, 396}  # TOO_MANY_ROWS, MEMORY_LIMIT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES
 _TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
 _SYNTAX_ERROR = 62
+# Codes with which the engine refuses an insert for what its rows hold: the batch, not the store, is wrong.
+_BAD_DATA = {
+    6, 27, 38, 41, 53, 69, 70, 72,  # CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE
+    117, 131, 190, 321, 349,  # INCORRECT_DATA, TOO_LARGE_STRING_SIZE, SIZES_OF_ARRAYS_DONT_MATCH, out of range, NULL
+}  # fmt: skip
+# How an engine says that its files refuse writes: READONLY disk or table, no space, or the OS's errno.
+_NOT_WRITABLE_CODES = {242, 243}  # TABLE_IS_READ_ONLY, NOT_ENOUGH_SPACE
+_NOT_WRITABLE_TEXT = re.compile(r"Read-only file system|Permission denied|Operation not permitted|No space left")
 # Only the wording of an error depends on these: the engine and the subquery wrapping refuse.
 _NOT_A_QUERY = re.compile(
     r"\b(INSERT|DROP|ALTER|TRUNCATE|CREATE|DELETE|UPDATE|RENAME|KILL|SYSTEM|OPTIMIZE|ATTACH|DETACH|GRANT|"
@@ -48,6 +61,8 @@ _NOT_A_QUERY = re.compile(
 )
 _COMMENTS = re.compile(r"(--[^\n]*|/\*.*?\*/)", re.DOTALL)
 _MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
+_AST_FORMAT = "TabSeparatedRaw"  # one EXPLAIN AST line a row, as the engine wrote it
+_VERSION = re.compile(r"\s*\(version [^)]*\)")
 
 
 class StoreError(Exception):
@@ -58,8 +73,25 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached or failed; retrying later is safe."""
 
 
+class StoreNotWritable(StoreUnavailable):
+    """The embedded store's folder refuses writes. The message says so without the path (it
+    goes to clients); `folder` and `cause` are for the operator."""
+
+    def __init__(self, folder: str, cause: str) -> None:
+        super().__init__(f"the store cannot write to its folder ({cause}); the server's log names it")
+        self.folder = folder
+        self.cause = cause
+
+    def for_operator(self) -> str:
+        return f"the store folder {self.folder} is not writable ({self.cause})"
+
+
 class BatchConflict(StoreError):
     """The batch_id was stored before with other content."""
+
+
+class BatchRefused(StoreError):
+    """The engine refused a batch's rows for what they hold: sending it again cannot help."""
 
 
 class SqlRejected(StoreError):
@@ -212,6 +244,10 @@ class Store:
         # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
         self.materialized_cte = False
         self._closed = False
+        self._sql_slots = threading.BoundedSemaphore(max(1, limits.sql_max_concurrent))  # user SQL at once
+        self._fault: StoreNotWritable | None = None  # while the folder refuses writes
+        self._listeners: list[Callable[[bool], None]] = []
+        self._health_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str, limits: Limits, database: str = "tracehouse", **layout: Any) -> Store:
@@ -225,7 +261,10 @@ class Store:
         return store
 
     def ensure_ready(self) -> None:
-        """Migrate on first use; until that succeeds every call raises StoreUnavailable."""
+        """Migrate on first use; until that succeeds every call raises StoreUnavailable, as it does
+        while the embedded store's folder refuses writes."""
+        if self._fault is not None:
+            self._recheck_folder()
         if self._ready:
             return
         with self._ready_lock:
@@ -233,6 +272,68 @@ class Store:
                 self.migrate()
                 self.materialized_cte = not self.layout.cluster and self._has_setting("enable_materialized_cte")
                 self._ready = True
+        self._health_changed()
+
+    @property
+    def healthy(self) -> bool:
+        return self._ready and self._fault is None
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        """`listener(healthy)` is told when the store becomes ready, fails for good or recovers."""
+        self._listeners.append(listener)
+
+    def _health_changed(self) -> None:
+        healthy = self.healthy
+        for listener in self._listeners:
+            listener(healthy)
+
+    def _folder(self) -> Path | None:
+        return Path(self.location.dsn[len("chdb://") :]) if self.location.engine == "chdb" else None
+
+    def _not_writable(self) -> StoreNotWritable | None:
+        """Whether the embedded store's folder takes a new file, now (a file made and removed)."""
+        folder = self._folder()
+        if folder is None:
+            return None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            descriptor, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+            os.close(descriptor)
+            os.unlink(probe)
+        except OSError as error:
+            return StoreNotWritable(str(folder), error.strerror or type(error).__name__)
+        return None
+
+    def _folder_fault(self, fault: StoreNotWritable) -> StoreNotWritable:
+        with self._health_lock:
+            first, self._fault = self._fault is None, fault
+        if first and self._ready:  # before, it is the caller's to say (serve exits naming it)
+            log.error("%s: health NOT_SERVING, calls UNAVAILABLE until it is", fault.for_operator())
+        if first:
+            self._health_changed()
+        return fault
+
+    def _recheck_folder(self) -> None:
+        fault = self._not_writable()
+        if fault is not None:
+            raise self._folder_fault(fault)
+        with self._health_lock:
+            recovered, self._fault = self._fault is not None, None
+        if recovered:
+            log.info("the store folder %s is writable again: serving", self._folder())
+            self._health_changed()
+
+    def _held_by_another_process(self) -> bool:
+        """Whether another process holds the embedded store's lock (the engine's `status` file)."""
+        folder = self._folder()
+        if folder is None:
+            return False
+        try:
+            with open(folder / "status", "rb") as status:
+                fcntl.flock(status, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as error:
+            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        return False
 
     def _has_setting(self, name: str) -> bool:
         with self._client() as client:
@@ -244,17 +345,18 @@ class Store:
     def _connect(self, settings: Mapping[str, Any] | None = None) -> Client:
         if self._closed:
             raise StoreUnavailable("the store is closed")
-        if self.location.engine == "chdb":
-            Path(self.location.dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
         if self.layout.cluster:
             # IN and JOIN over Distributed tables read the right side once, on this node
             settings = {"distributed_product_mode": "global", "distributed_foreground_insert": 1, **(settings or {})}
+        fault = self._not_writable()  # the engine would fail to start, and say only that
+        if fault is not None:
+            raise self._folder_fault(fault)
         try:
             return self.location.client(settings)
         except Exception as error:  # the drivers raise several unrelated types here
             hint = ""
-            if self.location.engine == "chdb":
-                hint = " (one process at a time may open an embedded store: is another tracehouse serve on it?)"
+            if self.location.engine == "chdb" and self._held_by_another_process():
+                hint = " (another process holds it: is another tracehouse serve on it?)"
             raise StoreUnavailable(f"cannot reach the store {self.location.display}: {_clean(error)}{hint}") from error
 
     @contextlib.contextmanager
@@ -266,6 +368,11 @@ class Store:
         except OperationalError as error:
             raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
         except ClickHouseError as error:
+            if _error_code(error) in _NOT_WRITABLE_CODES or _NOT_WRITABLE_TEXT.search(str(error)):
+                fault = self._not_writable()
+                if fault is not None:
+                    raise self._folder_fault(fault) from error
+                failure = StoreUnavailable
             raise failure(f"store {self.location.display}: {_clean(error)}") from error
 
     # -- schema -------------------------------------------------------------------------
@@ -347,15 +454,22 @@ class Store:
             for table in TABLES:
                 data = getattr(batch, table)
                 if data is not None:
-                    client.insert_arrow(
-                        f"{self.db}.{table}",
-                        data,
-                        settings={
-                            "insert_deduplication_token": f"{batch.batch_id}/{table}",
-                            # the rollups of a retried insert are deduplicated with it
-                            "deduplicate_blocks_in_dependent_materialized_views": 1,
-                        },
-                    )
+                    try:
+                        client.insert_arrow(
+                            f"{self.db}.{table}",
+                            data,
+                            settings={
+                                "insert_deduplication_token": f"{batch.batch_id}/{table}",
+                                # the rollups of a retried insert are deduplicated with it
+                                "deduplicate_blocks_in_dependent_materialized_views": 1,
+                            },
+                        )
+                    except DatabaseError as error:
+                        if _error_code(error) not in _BAD_DATA:
+                            raise
+                        # validation lets through nothing the engine refuses: a gap there, logged
+                        log.error("the store refused %s of batch %s: %s", table, batch.batch_id, _clean(error))
+                        raise BatchRefused(f"{table}: the store refused these rows: {_clean(error)}") from error
             client.insert_arrow(
                 f"{self.db}.ingest_batches",
                 pa.table(
@@ -410,40 +524,24 @@ class Store:
             client.command(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
 
     def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
-        """Run a user's SQL read-only under the engine's own enforcement and the limits.
+        """Run a user's SQL: one query that only reads tracehouse's tables, within the limits.
 
-        The text runs as a subquery, so that only a query can run: readonly=1 alone still
-        lets `INTO OUTFILE` write files and `KILL QUERY` stop other people's queries.
-        Returns (Arrow IPC stream, rows, truncated). Each query gets a client of its own:
-        the engine keeps settings per session, and readonly must not leak to writers.
+        The text runs as a subquery (sqlguard.wrap), so that only a query can run: readonly=1 alone
+        still lets `INTO OUTFILE` write files and `KILL QUERY` stop other people's queries. It runs
+        only once the engine's own parse of it passed sqlguard's allow-lists: readonly=1 alone still
+        lets `file()`, `url()`, dictionaries and system tables read. At most sql_max_concurrent run
+        at once, each with its share of sql_max_memory_bytes. Returns (Arrow IPC stream, rows,
+        truncated). Each query gets clients of its own: the engine keeps settings per session, and
+        readonly must not leak to writers.
         """
         self.ensure_ready()
         limits = self.limits
         max_rows = min(max_rows or limits.sql_max_rows, limits.sql_max_rows)
-        settings = {
-            "max_execution_time": limits.sql_max_seconds,
-            "max_memory_usage": limits.sql_max_memory_bytes,
-            "max_result_rows": max_rows + 1,
-            # the engine stops past twice the limit; the cut to the limit is made here, so
-            # that a result cut for its size is known to be cut
-            "max_result_bytes": 2 * limits.sql_max_bytes,
-            "result_overflow_mode": "break",
-            # on a cluster: GLOBAL subqueries are refused under readonly; each shard runs its own
-            **({"distributed_product_mode": "allow"} if self.layout.cluster else {}),
-            "readonly": 1,  # last: once set, the session may change no other setting
-        }
-        started = time.monotonic()
-        client = self._connect(settings)
-        try:
-            client.database = self.location.database
-            data = client.raw_query(f"SELECT * FROM (\n{sql.strip().rstrip(';')}\n)", fmt="ArrowStream")
-        except DatabaseError as error:
-            raise _sql_rejection(error, sql, limits, started) from error
-        except ClickHouseError as error:
-            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
+        text = sqlguard.wrap(sql)
+        with self._user_sql_slot():
+            started = time.monotonic()
+            self._confine(text, sql, started)
+            data = self._run_user_sql(text, sql, max_rows, started)
         if not data:
             return data, 0, False
         table = pa.ipc.open_stream(data).read_all()
@@ -453,6 +551,69 @@ class Store:
         if keep == table.num_rows:
             return data, keep, False
         return ipc_bytes(table.slice(0, keep)), keep, True
+
+    @contextlib.contextmanager
+    def _user_sql_slot(self) -> Iterator[None]:
+        """One of the sql_max_concurrent places for user SQL, waited for sql_queue_seconds at most."""
+        if not self._sql_slots.acquire(timeout=self.limits.sql_queue_seconds):
+            raise SqlRejected(
+                "too_large",
+                f"sql: {self.limits.sql_max_concurrent} queries are running, the most at once: try again shortly",
+            )
+        try:
+            yield
+        finally:
+            self._sql_slots.release()
+
+    def _confine(self, text: str, sql: str, started: float) -> None:
+        """Refuse the text unless the engine's parse of it passes sqlguard; the parse is of the text
+        that runs, with the format clause the client appends (only its name differs)."""
+        limits = self.limits
+        client = self._connect({"max_execution_time": limits.sql_max_seconds, "readonly": 1})
+        try:
+            client.database = self.location.database
+            dump = client.raw_query(f"EXPLAIN AST {text}", fmt=_AST_FORMAT)
+            databases = [str(row[0]) for row in client.query("SELECT name FROM system.databases").result_rows]
+        except DatabaseError as error:
+            raise _sql_rejection(error, sql, limits, started) from error
+        except ClickHouseError as error:
+            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+        lines = dump.decode("utf-8", "replace").split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        reason = sqlguard.refusal(lines, _AST_FORMAT, self.location.database, databases)
+        if reason:
+            raise SqlRejected("readonly", reason)
+
+    def _run_user_sql(self, text: str, sql: str, max_rows: int, started: float) -> bytes:
+        limits = self.limits
+        settings = {
+            "max_execution_time": limits.sql_max_seconds,
+            # the bound is on all user SQL together: each of the queries at once gets its share
+            "max_memory_usage": limits.sql_max_memory_bytes // max(1, limits.sql_max_concurrent),
+            "max_result_rows": max_rows + 1,
+            # the engine stops past twice the limit; the cut to the limit is made here, so
+            # that a result cut for its size is known to be cut
+            "max_result_bytes": 2 * limits.sql_max_bytes,
+            "result_overflow_mode": "break",
+            # on a cluster: GLOBAL subqueries are refused under readonly; each shard runs its own
+            **({"distributed_product_mode": "allow"} if self.layout.cluster else {}),
+            "readonly": 1,  # last: once set, the session may change no other setting
+        }
+        client = self._connect(settings)
+        try:
+            client.database = self.location.database
+            return bytes(client.raw_query(text, fmt="ArrowStream"))
+        except DatabaseError as error:
+            raise _sql_rejection(error, sql, limits, started) from error
+        except ClickHouseError as error:
+            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
 
     def ping(self) -> bool:
         try:
@@ -470,6 +631,23 @@ class Store:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    # -- run descriptions, for the checks in ingest/grants.py ------------------------------
+
+    def run_states(self, batch: ValidatedBatch) -> dict[str, tuple[str, bool]] | None:
+        """The latest stored (host, importing) of each run `batch` describes that has one; None
+        when this very batch (same id, same content) is stored already: it will store nothing."""
+        self.ensure_ready()
+        run_ids = [] if batch.runs is None else sorted(set(batch.runs.column("run_id").to_pylist()))
+        with self._client() as client:
+            stored = self._ledger(client, batch.batch_id)
+            if stored is not None and stored[0] == batch.digest:
+                return None
+            found = client.query(
+                f"SELECT run_id, host, importing FROM {self.db}.runs FINAL WHERE run_id IN {{ids:Array(String)}}",
+                parameters={"ids": run_ids},
+            ).result_rows
+        return {str(run_id): (str(host), bool(importing)) for run_id, host, importing in found}
 
 
 def without_materialized_cte(sql: str) -> str:
@@ -490,7 +668,7 @@ def _describe(rows: Mapping[str, int]) -> str:
 
 def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: float) -> SqlRejected:
     code = _error_code(error)
-    message = _clean(error)
+    message = _VERSION.sub("", _clean(error))
     statement = _NOT_A_QUERY.search(_COMMENTS.sub(" ", sql)) if code == _SYNTAX_ERROR else None
     if statement:
         verb = " ".join(statement.group(1).upper().split())

@@ -15,9 +15,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
-from tracehouse.model import EVENT_KINDS, NO_GPU, NO_STREAM, RUN_SOURCES, Limits
-from tracehouse.v1 import batch_pb2
+from tracehouse.model import (
+    EVENT_KINDS,
+    MAX_EVENT_BYTES,
+    MAX_EVENT_NS,
+    MAX_TIME_NS,
+    NO_GPU,
+    NO_STREAM,
+    RUN_SOURCES,
+    Limits,
+)
+from tracehouse.v1 import batch_pb2, ingest_pb2
 
 BATCH_ID = re.compile(r"[A-Za-z0-9._:/-]+")
 TIMESTAMP = pa.timestamp("ns", tz="UTC")
@@ -37,7 +48,7 @@ class BatchError(ValueError):
 @dataclass(frozen=True)
 class ValidatedBatch:
     batch_id: str
-    digest: str  # of the batch as it was sent: a batch_id re-used for other content is told apart
+    digest: str  # of the batch as sent, less unknown fields: a batch_id re-used for other content is told apart
     samples: pa.Table | None
     events: pa.Table | None
     runs: pa.Table | None
@@ -57,12 +68,13 @@ def _rows(table: pa.Table | None) -> int:
 
 
 def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int, encoded: bytes = b"") -> ValidatedBatch:
-    """`encoded` is the batch as it arrived (for its digest); it is encoded again when absent."""
+    """`encoded`: the WriteRequest as it arrived, when it has no unknown fields (for the digest);
+    without it, the batch is encoded again."""
     check_id("batch.batch_id", batch.batch_id, limits)
     strings = _Strings(batch.dictionary, limits)
     validated = ValidatedBatch(
         batch_id=batch.batch_id,
-        digest=hashlib.sha256(encoded or batch.SerializeToString(deterministic=True)).hexdigest()[:32],
+        digest=_digest(encoded or canonical_request(batch)),
         samples=_samples(batch, strings, limits) if batch.HasField("samples") else None,
         events=_events(batch, strings, limits) if batch.HasField("events") else None,
         runs=_runs(batch.runs, limits, received_ns) if batch.runs else None,
@@ -71,6 +83,30 @@ def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int, enc
     if not any(validated.rows().values()):
         raise BatchError("batch", "has no samples, events, runs or devices")
     return validated
+
+
+def canonical_request(batch: batch_pb2.Batch) -> bytes:
+    """The WriteRequest of `batch` as tracehouse encodes it, without fields this server does not
+    know (it clears them): the bytes a sender of the same rows sends, less what it adds."""
+    batch.DiscardUnknownFields()
+    return ingest_pb2.WriteRequest(batch=batch).SerializeToString(deterministic=True)
+
+
+def has_unknown_fields(message: Message) -> bool:
+    """Whether `message` or a message in it carries fields this server does not know."""
+    if len(UnknownFieldSet(message)):
+        return True
+    for descriptor, value in message.ListFields():
+        kind = descriptor.message_type
+        if kind is None or kind.GetOptions().map_entry:
+            continue
+        if any(has_unknown_fields(item) for item in (value if descriptor.is_repeated else (value,))):
+            return True
+    return False
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def check_id(field: str, value: str, limits: Limits) -> None:
@@ -94,8 +130,12 @@ class _Strings:
             raise BatchError(
                 "batch.dictionary", f"{len(dictionary)} strings; the limit is {limits.max_dictionary_entries}"
             )
+        first: dict[str, int] = {}
         for i, text in enumerate(dictionary):
             _check_text(f"batch.dictionary[{i}]", text, limits.max_string_bytes)
+            seen = first.setdefault(text, i)
+            if seen != i:  # the store's columns are Arrow dictionaries, which hold each string once
+                raise BatchError(f"batch.dictionary[{i}]", f"repeats entry {seen}; each string may appear once")
         self.values = dictionary
         self._arrow: pa.Array | None = None
 
@@ -146,10 +186,17 @@ def _optional(field: str, column: Sequence[int], rows: int, default: int, dtype:
 
 def _times(field: str, column: Sequence[int]) -> npt.NDArray[np.int64]:
     times = np.array(column, dtype=np.int64)
-    if times.size and times.min() < 0:
-        bad = int(np.flatnonzero(times < 0)[0])
-        raise BatchError(f"{field}[{bad}]", f"{times[bad]} is before 1970; times are ns since the Unix epoch")
+    if times.size and (times.min() < 0 or times.max() >= MAX_TIME_NS):
+        bad = int(np.flatnonzero((times < 0) | (times >= MAX_TIME_NS))[0])
+        _check_time(f"{field}[{bad}]", int(times[bad]))
     return times
+
+
+def _check_time(field: str, ns: int) -> None:
+    if ns < 0:
+        raise BatchError(field, f"{ns} is before 1970; times are ns since the Unix epoch")
+    if ns >= MAX_TIME_NS:
+        raise BatchError(field, f"{ns} is after 2200; times are ns since the Unix epoch")
 
 
 def _check_no_rows(table: str, columns: Any) -> None:
@@ -266,6 +313,13 @@ def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Tab
             f"events.end[{bad}]",
             f"{end[bad]} is before start {start[bad]} ({int(backwards.sum())} such rows)",
         )
+    too_long = end - start > MAX_EVENT_NS
+    if too_long.any():
+        bad = int(np.flatnonzero(too_long)[0])
+        raise BatchError(
+            f"events.end[{bad}]",
+            f"the event lasts {end[bad] - start[bad]} ns; the limit is {MAX_EVENT_NS} (366 days)",
+        )
     kind = strings.codes("events.kind", columns.kind, rows)
     for _, text in strings.used(kind):
         if text not in EVENT_KINDS:
@@ -285,7 +339,7 @@ def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Tab
             "tid": _optional("events.tid", columns.tid, rows, 0, np.uint64),
             "name": strings.column(name),
             "correlation_id": _optional("events.correlation_id", columns.correlation_id, rows, 0, np.uint64),
-            "bytes": _optional("events.bytes", columns.bytes, rows, 0, np.uint64),
+            "bytes": _bytes(columns.bytes, rows),
             "depth": _depths(columns.depth, rows),
             "extras": _extras(columns, strings, rows, limits),
             "id": event_ids(batch.batch_id, rows),
@@ -299,7 +353,18 @@ def _launch_starts(column: Sequence[int], rows: int) -> pa.Array:
     if rows and starts.min() < -1:
         bad = int(np.flatnonzero(starts < -1)[0])
         raise BatchError(f"events.launch_start[{bad}]", f"{starts[bad]} is before 1970 (-1 means unknown)")
+    if rows and starts.max() >= MAX_TIME_NS:
+        bad = int(np.flatnonzero(starts >= MAX_TIME_NS)[0])
+        _check_time(f"events.launch_start[{bad}]", int(starts[bad]))
     return pa.array(starts, TIMESTAMP, mask=starts == -1)
+
+
+def _bytes(column: Sequence[int], rows: int) -> npt.NDArray[np.uint64]:
+    moved = _optional("events.bytes", column, rows, 0, np.uint64)
+    if rows and moved.max() > MAX_EVENT_BYTES:
+        bad = int(np.flatnonzero(moved > MAX_EVENT_BYTES)[0])
+        raise BatchError(f"events.bytes[{bad}]", f"{moved[bad]} is more than {MAX_EVENT_BYTES} (1 PiB)")
+    return moved
 
 
 def _depths(column: Sequence[int], rows: int) -> npt.NDArray[np.uint16]:
@@ -355,10 +420,11 @@ def _runs(runs: Sequence[batch_pb2.Run], limits: Limits, received_ns: int) -> pa
             raise BatchError(f"{field}.source", f"{run.source[:64]!r} is not one of {', '.join(RUN_SOURCES)}")
         _check_text(f"{field}.name", run.name, limits.max_string_bytes)
         _check_text(f"{field}.host", run.host, limits.max_name_bytes)
-        if run.start < 0:
-            raise BatchError(f"{field}.start", f"{run.start} is before 1970")
-        if run.HasField("end") and run.end < run.start:
-            raise BatchError(f"{field}.end", f"{run.end} is before start {run.start}")
+        _check_time(f"{field}.start", run.start)
+        if run.HasField("end"):
+            _check_time(f"{field}.end", run.end)
+            if run.end < run.start:
+                raise BatchError(f"{field}.end", f"{run.end} is before start {run.start}")
     return pa.table(
         {
             "run_id": [r.run_id for r in runs],

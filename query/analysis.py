@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.metrics import GPU_ENERGY, GPU_SM_ACTIVE, GPU_UTIL, PROC_GPU_MEM, PROC_SM_UTIL
-from query.sql import tag_predicates
+from query.sql import capped_sum, tag_predicates
 from query.window import COMPLETE, Predicates, ns
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.timefmt import NS_PER_S
@@ -147,8 +147,8 @@ def nvtx_gpu_summary(where: Predicates) -> Query:
     sql = f"""
 WITH {_ranges(where, materialized=True)},
 {_projection("ranges")}
-SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, sum(re - rs) AS range_total_ns,
-       sum(projected) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
+SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
+       {capped_sum("projected")} AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
        quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
        max(projected) AS gpu_max_ns, if(countIf(ops > 0) > 1, stddevSamp(projected), 0) AS gpu_stddev_ns,
        sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
@@ -271,9 +271,11 @@ named AS (
     GROUP BY name, key
 )
 SELECT s.name AS name, g.host AS host, g.gpu AS gpu, s.instances AS instances, s.total_ns AS total_ns,
-       if(s.total_ns > 0 AND s.traced > 0, 100 * s.busy_ns / s.total_ns, NULL) AS busy_pct, i.samples AS samples,
+       if(s.total_ns > 0 AND s.traced > 0, 100 * toFloat64(s.busy_ns) / s.total_ns, NULL) AS busy_pct,
+       i.samples AS samples,
        {results}
-FROM (SELECT r.name AS name, key, count() AS instances, sum(length) AS total_ns, sum(busy) AS busy_ns,
+FROM (SELECT r.name AS name, key, count() AS instances, {capped_sum("length")} AS total_ns,
+             {capped_sum("busy")} AS busy_ns,
              countIf(r.run_id IN {TRACED_RUNS} OR (r.host, r.scope) IN (SELECT host, scope FROM process_gpus))
                  AS traced  -- from a trace, or with GPU work on record on the host
       FROM spans AS s INNER JOIN ranges AS r USING (range_id) GROUP BY name, key) AS s
@@ -573,21 +575,22 @@ INNER JOIN wanted AS w ON w.run_id = x.run_id"""
 WITH {wanted},
 {_reach(work, keys)},
 busy AS (
-    SELECT run_id, sum(busy_ns) AS busy_ns, count() AS work_gpus
+    SELECT run_id, {capped_sum("busy_ns")} AS busy_ns, count() AS work_gpus
     FROM (SELECT {keys}, max(e) - min(s) - sumIf(s - reach, {GAP}) AS busy_ns FROM reach GROUP BY {keys})
     GROUP BY run_id
 ),
 kernel_names AS (
-    SELECT run_id, name, count() AS n, sum({NS}(end) - {NS}(start)) AS total FROM {{db}}.events
+    SELECT run_id, name, count() AS n, {capped_sum(f"{NS}(end) - {NS}(start)")} AS total
+    FROM {{db}}.events
     WHERE kind = 'kernel' AND {mine} GROUP BY run_id, name
 ),
 kernel_runs AS (
-    SELECT run_id, sum(n) AS instances, sum(total) AS kernel_ns,
+    SELECT run_id, sum(n) AS instances, {capped_sum("total")} AS kernel_ns,
            groupArraySorted({{top:UInt32}})((-total, name)) AS longest  -- longest first: sorted by negated total
     FROM kernel_names GROUP BY run_id
 )
 SELECT w.run_id AS run_id,
-       if(b.work_gpus > 0 AND w.e > w.s, 100 * b.busy_ns / ((w.e - w.s) * b.work_gpus), NULL) AS busy_pct,
+       if(b.work_gpus > 0 AND w.e > w.s, 100 * toFloat64(b.busy_ns) / ((w.e - w.s) * b.work_gpus), NULL) AS busy_pct,
        k.instances AS kernels,
        if(k.instances > 0,
           arrayStringConcat(arrayMap(x -> printf('%s (%.1f%%)', substringUTF8(x.2, 1, 80),

@@ -201,6 +201,14 @@ def parse_page_token(token: str) -> tuple[int, int] | None:
     return start, event_id
 
 
+INT64_MAX = 2**63 - 1
+
+
+def capped_sum(expression: str) -> str:
+    """A sum of Int64 durations that cannot wrap: taken in Int128, answered in Int64, at most 2**63 - 1."""
+    return f"toInt64(least(sum(toInt128({expression})), {INT64_MAX}))"
+
+
 @dataclass(frozen=True)
 class SummaryKind:
     kinds: tuple[str, ...]  # event kinds it covers
@@ -223,16 +231,18 @@ SUMMARIES: dict[str, SummaryKind] = {
 def summary(where: Predicates, kind: str, limit: int) -> tuple[str, dict[str, object]]:
     """nsys-stats style, per name: instances, total, avg, median (the mean of the two middle
     values for an even count), min, max, sample standard deviation (0 for one instance), and
-    the name's share of the total. An event overlapping the window counts whole."""
+    the name's share of the total. An event overlapping the window counts whole. Sums are taken
+    in Int128 and answered in Int64, at most 2**63 - 1 (292 years); averages in Float64."""
     if kind not in SUMMARIES:
         raise QueryError("kind", f"{kind!r} is not one of {', '.join(SUMMARIES)}")
     spec = SUMMARIES[kind]
     u = spec.unit
     sql = f"""
 SELECT name, instances, total_{u}, avg_{u}, med_{u}, min_{u}, max_{u}, stddev_{u},
-       100 * total_{u} / sum(total_{u}) OVER () AS {"time_pct" if u == "ns" else "pct"}
+       100 * toFloat64(total_{u}) / sum(toFloat64(total_{u})) OVER () AS {"time_pct" if u == "ns" else "pct"}
 FROM (
-    SELECT name, count() AS instances, sum(v) AS total_{u}, avg(v) AS avg_{u},
+    SELECT name, count() AS instances, {capped_sum("v")} AS total_{u},
+           avg(toFloat64(v)) AS avg_{u},
            quantileExactInclusive(0.5)(v) AS med_{u}, min(v) AS min_{u}, max(v) AS max_{u},
            if(count() > 1, stddevSamp(v), 0) AS stddev_{u}
     FROM (SELECT name, {spec.measure} AS v FROM {{db}}.events

@@ -310,6 +310,7 @@ def test_a_crashed_agents_spool_is_replayed_once_by_the_next(tmp_path: Path) -> 
                 "SELECT count() AS n, uniqExact(gpu, metric, ts) AS u FROM samples "
                 f"WHERE run_id != '{report['run_id']}'"
             ).iloc[0]
-    assert report["recovered"] == waiting, err
+    assert report["recovered"] == waiting - oldest.values, err
+    assert report["already_stored"] == oldest.values, "the batch the server had is not recovered again"
     assert earlier["n"] == earlier["u"] == waiting
     assert not list(spool.glob("*.batch"))

@@ -87,7 +87,7 @@ def test_spool_keeps_order_across_restarts(tmp_path: Path) -> None:
 
 def test_spool_bound_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
     drops = Drops()
-    one = len(b"THSPOOL1") + 22 + len("run/00000000") + 100
+    one = len(b"THSPOOL2") + 4 + 22 + len("run/00000000") + 100
     spool = Spool(tmp_path, 3 * one, drops)
     for n in range(5):
         assert spool.put(batch(n))

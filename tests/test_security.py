@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -160,10 +161,12 @@ def start(store: Store, limits: Limits) -> Iterator[Callable[..., str]]:
         server.stop(grace=1)
 
 
-def write(address: str, token: str | None, security: ClientSecurity | None = None, batch: str = "b1") -> None:
-    """One batch of telemetry and a run named after it."""
+def write(
+    address: str, token: str | None, security: ClientSecurity | None = None, batch: str = "b1", host: str = "host-a"
+) -> None:
+    """One batch of telemetry of `host` and a run named after it."""
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    builder = telemetry(batch, run_id=batch).add_run(batch, name=batch, host="host-a", source="user", start=T0)
+    builder = telemetry(batch, run_id=batch, host=host).add_run(batch, name=batch, host=host, source="user", start=T0)
     with open_channel(address, security) as channel:
         ingest_pb2_grpc.IngestStub(channel).Write(request(builder), timeout=10, metadata=metadata)
 
@@ -597,7 +600,7 @@ def test_up_gives_its_agent_and_ui_tokens_of_their_own_and_a_local_socket(
     try:
         assert server.local_address and server.local_address.startswith("unix:")
         local = server.local_address
-        write(local, up.agent_token)
+        write(local, up.agent_token, host=socket.gethostname())  # the agent's token is bound to this host
         assert refused(lambda: write(local, None, batch="b2")).code() == grpc.StatusCode.UNAUTHENTICATED
         with Client(local, timeout=10, security=ClientSecurity(up.ui_token)) as client:
             assert client.sql("SELECT count() AS n FROM ingest_batches")["n"][0] == 1

@@ -230,7 +230,7 @@ def test_sql_console_runs_read_only_queries(
     assert {"start", "end", "kind", "metric", "value"} <= set(schema["column"])
     answer = app.dataframe[0].value
     assert set(answer["name"]) == {w["name"] for w in traces["r1"].work + traces["r2"].work if w["kind"] == "kernel"}
-    app.text_area[0].input("SELECT number FROM system.numbers LIMIT 50")
+    app.text_area[0].input("SELECT number FROM numbers(50)")
     app.number_input[0].set_value(10)
     [run] = [b for b in app.button if b.label == "Run"]
     run.click().run()

@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import sqlite3
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -29,6 +31,7 @@ from ingest.validate import ValidatedBatch, validate_batch
 from tracehouse import config
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.channel import encoded_write
+from tracehouse.children import Stopped, stop_on_signals, stop_process, with_parent
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.serve import create_server
 from tracehouse.v1 import batch_pb2, ingest_pb2
@@ -194,11 +197,11 @@ def bench_agent(gpus: int, interval: float, seconds: float) -> dict[str, Any]:
         server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
         try:
             finished = subprocess.run(
-                [
+                with_parent([
                     sys.executable, "-m", "tracehouse.cli", "agent", "--simulate", str(gpus),
                     "--interval", str(interval), "--duration", str(seconds),
                     "--server", f"127.0.0.1:{server.port}", "--spool", f"{folder}/spool",
-                ],
+                ]),
                 env=_child_environment(folder), capture_output=True, text=True, check=True, timeout=seconds + 120,
             )  # fmt: skip
             report = json.loads(finished.stdout.strip().splitlines()[-1])
@@ -296,7 +299,7 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
 
     with serving(folder) as (address, _):
         importer = subprocess.Popen(
-            [sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)],
+            with_parent([sys.executable, "-m", "tracehouse.cli", "import", "--server", address, str(path)]),
             env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert importer.stdout is not None
@@ -382,18 +385,6 @@ def _child_environment(folder: str) -> dict[str, str]:
     return mine | {config.ENV_HOME: folder, "PYTHONUNBUFFERED": "1"}
 
 
-def _end(process: Any, timeout: float = 60.0) -> None:
-    """Stop a child process: SIGTERM, and SIGKILL if it has not ended within `timeout` seconds."""
-    import subprocess
-
-    process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @contextlib.contextmanager
 def serving(folder: str, *options: str) -> Iterator[tuple[str, Any]]:
     """`tracehouse serve` as a child process on an embedded store in `folder`: its address and process."""
@@ -401,14 +392,14 @@ def serving(folder: str, *options: str) -> Iterator[tuple[str, Any]]:
     import sys
 
     server = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
-         "--store", f"chdb://{folder}/store", *options],
+        with_parent([sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0",
+                     "--store", f"chdb://{folder}/store", *options]),
         env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         yield _listening(server), server
     finally:
-        _end(server)
+        stop_process(server, 60.0)
 
 
 def _listening(server: Any) -> str:
@@ -641,6 +632,16 @@ def _sums(fleet: Sequence[Any]) -> tuple[int, int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    """A benchmark; SIGTERM, SIGINT or SIGHUP stop it, and the processes it started with it."""
+    try:
+        with stop_on_signals():
+            return _main(args)
+    except Stopped as stopped:
+        print(f"tracehouse: bench stopped by {signal.Signals(stopped.signal).name}", file=sys.stderr)
+        return 128 + stopped.signal
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.what == "ingest":
         result = bench_ingest(args.rows, args.batch_rows, args.rounds, args.store)
         print(json.dumps(result, indent=2))

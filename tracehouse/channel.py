@@ -33,6 +33,8 @@ log = logging.getLogger("tracehouse.channel")
 # The server refused the caller, not the request: retrying with the same credentials cannot help.
 ACCESS_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 SECURITY_VARIABLES = (config.ENV_TOKEN_FILE, config.ENV_TLS_CA, config.ENV_TLS_CERT, config.ENV_TLS_KEY)
+# how gRPC says that the server's certificate is valid but made for another name
+HOSTNAME_MISMATCH = ("hostname verification", "no match found for server name", "peer name")
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ def read_token(path: Path) -> str:
         raise SecurityError(f"--token-file {path}: cannot read it: {error_reason(error)}") from None
     if not token:
         raise SecurityError(f"--token-file {path} is empty")
-    if len(token.split()) == 2 and token.split()[0] in ("read", "write", "admin"):
-        token = token.split()[1]  # a line copied whole from the tokens file
+    words = token.split()
+    bounds = all(word.startswith(("hosts=", "runs=")) for word in words[2:])
+    if len(words) >= 2 and words[0] in ("read", "write", "admin") and bounds:
+        token = words[1]  # a line copied whole from the tokens file, bounds and all
     if len(token.split()) != 1:
         raise SecurityError(f"--token-file {path}: expected one token")
     return token
@@ -160,6 +164,12 @@ def explain(code: grpc.StatusCode, details: str, server: str, security: ClientSe
     tls = security is not None and security.tls
     lowered = details.lower()
     if code == grpc.StatusCode.UNAVAILABLE:
+        if tls and any(sign in lowered for sign in HOSTNAME_MISMATCH):
+            host = server.rsplit(":", 1)[0].strip("[]") if ":" in server else server
+            return (
+                f"{details}; the server's TLS certificate does not name {host}: connect by a name or address "
+                "that its certificate lists (subjectAltName), or give the server a certificate for this one"
+            )
         if "connection refused" in lowered or "name resolution" in lowered or "dns" in lowered:
             return f"no tracehouse server at {server} ({details}); start one with `tracehouse serve`"
         if "ssl" in lowered or "handshake" in lowered or "certificate" in lowered or "tls" in lowered:

@@ -1,4 +1,18 @@
-"""The commands `tracehouse run` starts, as a shell starts a job.
+"""Child processes: those of every command (stopped with it), and the commands `tracehouse
+run` starts, as a shell starts a job.
+
+Every command that starts children stops them when it is told to stop (SIGTERM, SIGINT,
+SIGHUP: `stop_on_signals`) and its children stop when it dies without a word (kill -9):
+`with_parent` starts each through a few lines of Python that ask Linux for a signal when the
+parent dies (PR_SET_PDEATHSIG, which the program it then executes keeps). "The parent" is
+the thread that started the child: start children from a thread that lives as long as they
+should (the main thread).
+
+`tracehouse run` is the exception, as a shell is: the commands it runs are the user's work,
+not its helpers. Told to stop, it passes the signal on to them (below); killed by -9 (or the
+OOM killer), it leaves them running, as a killed shell script leaves its jobs, rather than
+ending a training because its observer died. A scheduler that ends the job signals the whole
+group or cgroup, and Ctrl-C reaches the commands' group from the terminal directly.
 
 The commands of a slot share a process group of their own, which gets the terminal while they
 run: Ctrl-C, Ctrl-\\ and Ctrl-Z reach them and not tracehouse. Signals sent to tracehouse
@@ -15,11 +29,84 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 BLOCKED = (*FORWARDED, signal.SIGTTOU)  # SIGTTOU: taking the terminal back from the background
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a command that has children
+
+# Run in the child (python -I -S -c): argv is [-c, PARENT_PID, SIGNAL, PROGRAM, ARGS...].
+_FOLLOW_PARENT = """
+import ctypes, os, sys
+parent, number, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, number, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(128 + number)
+try:
+    os.execvp(argv[0], argv)
+except OSError as error:
+    print(f"tracehouse: cannot run {argv[0]}: {error.strerror}", file=sys.stderr)
+    sys.exit(127 if isinstance(error, FileNotFoundError) else 126)
+"""
+
+
+def with_parent(argv: Sequence[str], number: int = signal.SIGTERM) -> list[str]:
+    """`argv` so that, started by this process, it gets signal `number` when this process (the
+    thread that starts it) dies, even by kill -9; as it is where Linux has no PR_SET_PDEATHSIG."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _FOLLOW_PARENT, str(os.getpid()), str(int(number)), *argv]
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in the main thread by the first SIGTERM, SIGINT or SIGHUP under `stop_on_signals`:
+    a KeyboardInterrupt, so that what Ctrl-C cleans up is cleaned up for each of them."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(signal.Signals(number).name)
+        self.signal = number
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While in the `with` (from the main thread), SIGTERM, SIGINT and SIGHUP raise Stopped once;
+    later ones are ignored, so that stopping the children is not cut short."""
+    before = {number: signal.getsignal(number) for number in STOPS}
+
+    def ignore(number: int, frame: FrameType | None) -> None:
+        pass
+
+    def stop(number: int, frame: FrameType | None) -> None:
+        for each in STOPS:
+            signal.signal(each, ignore)
+        raise Stopped(number)
+
+    for number in STOPS:
+        signal.signal(number, stop)
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def stop_process(process: subprocess.Popen[bytes] | subprocess.Popen[str], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `grace` seconds; reaped either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    process.wait()
 
 
 class Signals:

@@ -519,6 +519,27 @@ def _add_token(commands: Any) -> None:
         default="read",
         help="read: queries (UI, CLI); write: agents and imports; admin: both (default %(default)s)",
     )
+    token.add_argument(
+        "--hosts", action="append", default=[], metavar="GLOB[,GLOB]",
+        help="write/admin: the token writes only rows and runs of hosts matching one of these globs",
+    )  # fmt: skip
+    token.add_argument(
+        "--runs", action="append", default=[], metavar="PREFIX[,PREFIX]",
+        help="write/admin: the token writes only rows and runs whose run id starts with one of these",
+    )  # fmt: skip
+
+
+def run_token(args: argparse.Namespace) -> int:
+    from tracehouse.security import SecurityError, new_token_line
+
+    hosts = [glob for option in args.hosts for glob in option.split(",")]
+    runs = [prefix for option in args.runs for prefix in option.split(",")]
+    try:
+        print(new_token_line(args.scope, hosts, runs))
+    except SecurityError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -649,7 +670,7 @@ def run_agent(args: argparse.Namespace) -> int:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # each ships what it holds, then stops
         signal.signal(sig, lambda *_: stop.set())
     agent = Agent(agent_config, backend)
     agent.start()
@@ -759,6 +780,11 @@ def run_import(args: argparse.Namespace) -> int:
             except WriteFailed as error:
                 print(f"tracehouse: {path.name}: the server did not take it: {error}", file=sys.stderr)
                 return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+            except Exception as error:  # a reader's defect: still one line, never a traceback
+                reason = (str(error).strip().splitlines() or [""])[0][:200]
+                print(f"tracehouse: {path.name}: cannot import it ({type(error).__name__}: {reason})", file=sys.stderr)
+                status = max(status, EXIT_USAGE)
+                continue
             finally:
                 if progress:
                     progress.done()
@@ -874,6 +900,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_ui(args: argparse.Namespace) -> int:
+    from tracehouse.children import stop_on_signals
     from tracehouse.serve import is_loopback
     from tracehouse.up import start_ui, stop_process
 
@@ -883,17 +910,21 @@ def run_ui(args: argparse.Namespace) -> int:
             f"tracehouse: the UI on {args.address} has no login: anyone who can reach it can read the store",
             file=sys.stderr,
         )
-    try:
-        process = start_ui(server, args.port, args.address, _client_security(args))
-    except RuntimeError as error:
-        print(f"tracehouse: {error}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    print(f"tracehouse UI: http://{args.address}:{args.port} (server {server}); Ctrl-C stops it.", flush=True)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        stop_process(process)
-        return 0
+    security = _client_security(args)
+    with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the UI's process is stopped too
+        try:
+            process = start_ui(server, args.port, args.address, security)
+        except RuntimeError as error:
+            print(f"tracehouse: {error}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        except KeyboardInterrupt:
+            return 0  # start_ui stopped it
+        print(f"tracehouse UI: http://{args.address}:{args.port} (server {server}); Ctrl-C stops it.", flush=True)
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            stop_process(process)
+            return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -911,10 +942,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "ui":
         return run_ui(args)
     if args.command == "token":
-        from tracehouse.security import new_token_line
-
-        print(new_token_line(args.scope))
-        return 0
+        return run_token(args)
     if args.command == "agent":
         return run_agent(args)
     if args.command == "import":

@@ -31,6 +31,12 @@ RUN_SOURCES: tuple[str, ...] = ("agent", "nsys", "kineto", "user")
 NO_GPU = -1  # gpu column value for rows not tied to one GPU
 NO_STREAM = -1
 
+# Times are ns since the Unix epoch, from 1970 (a trace with relative time only starts at 0) to
+# 2200-01-01: well inside what the store's DateTime64(9) holds (1900 to 2262).
+MAX_TIME_NS = 7_258_118_400 * 10**9
+MAX_EVENT_NS = 366 * 86_400 * 10**9  # the longest event: a year (a long training phase)
+MAX_EVENT_BYTES = 1 << 50  # the most bytes one event may move (1 PiB)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -55,7 +61,9 @@ class Limits:
     sql_max_bytes: int = 128 << 20  # uncompressed result of one SQL query
     max_months_per_batch: int = 100  # the store partitions samples and events by month
     sql_max_seconds: float = 30.0
-    sql_max_memory_bytes: int = 4 << 30
+    sql_max_memory_bytes: int = 4 << 30  # all user SQL together: each query at once gets its share
+    sql_max_concurrent: int = 2  # user SQL queries running at once, every caller together
+    sql_queue_seconds: float = 2.0  # a further query waits this long for a place, then is refused
 
 
 DEFAULT_LIMITS = Limits()

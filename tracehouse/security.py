@@ -1,9 +1,12 @@
 """Who may call `tracehouse serve`: bearer tokens with scopes, checked on every call, and the TLS
 material the server presents (with, for mTLS, the CA that its clients' certificates must chain to).
 
-Tokens file (`--tokens FILE`): one `SCOPE TOKEN` a line; SCOPE is `read` (Query: the UI, the CLI),
-`write` (Ingest: agents, imports) or `admin` (both). Blank lines and lines starting with `#` are
-ignored. `tracehouse token --scope write` prints a fresh line to append.
+Tokens file (`--tokens FILE`): one `SCOPE TOKEN [hosts=GLOB,...] [runs=PREFIX,...]` a line; SCOPE
+is `read` (Query: the UI, the CLI), `write` (Ingest: agents, imports) or `admin` (both). Blank lines
+and lines starting with `#` are ignored. `hosts=` and `runs=` bound what a write or admin token may
+write (ingest/grants.py): every host a batch names must match one of the globs (`fnmatchcase`), every
+run id start with one of the prefixes. `tracehouse token --scope write --hosts 'gpu-*'` prints a
+fresh line to append.
 
 A token never appears in a message or a log line: errors name the file and the line number.
 """
@@ -14,6 +17,7 @@ import datetime as dt
 import hmac
 import ipaddress
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from tracehouse.scopes import CALLER, Grant
 
 log = logging.getLogger("tracehouse.security")
 
@@ -32,6 +38,8 @@ SCOPES: dict[str, frozenset[str]] = {
     "admin": frozenset({READ, WRITE}),
 }
 MIN_TOKEN_CHARS = 16
+BOUND_KEYS = ("hosts", "runs")
+RUN_PREFIX = re.compile(r"[A-Za-z0-9._:/-]+")  # what a run id is made of (ingest/validate.py)
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters
 
 # What each service needs; a method of any other service needs both read and write.
@@ -49,38 +57,87 @@ class SecurityError(ValueError):
     names the option and what to do."""
 
 
-def new_token_line(scope: str) -> str:
-    """A fresh `SCOPE TOKEN` line for a tokens file."""
+def bound_words(hosts: Iterable[str] = (), runs: Iterable[str] = ()) -> list[str]:
+    """`hosts=...` and `runs=...` words for a tokens file line; none for what is not bounded."""
+    words = []
+    for key, values in (("hosts", list(hosts)), ("runs", list(runs))):
+        if values:
+            words.append(f"{key}={','.join(values)}")
+    return words
+
+
+def new_token_line(scope: str, hosts: Iterable[str] = (), runs: Iterable[str] = ()) -> str:
+    """A fresh `SCOPE TOKEN [hosts=...] [runs=...]` line for a tokens file."""
     if scope not in SCOPES:
         raise SecurityError(f"unknown scope {scope!r}: read, write or admin")
-    return f"{scope} {secrets.token_urlsafe(TOKEN_BYTES)}"
+    words = bound_words(hosts, runs)
+    parse_grant(scope, words, "token")
+    return " ".join([scope, secrets.token_urlsafe(TOKEN_BYTES), *words])
+
+
+def glob_escape(name: str) -> str:
+    """A glob that matches `name` alone (a host name, for a token bound to that host)."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def parse_grant(scope: str, words: Iterable[str], where: str) -> Grant:
+    """The grant of a scope and the bound words after the token. Messages name the word's key
+    and position, never its value (a token written in the wrong place must not be echoed)."""
+    bounds: dict[str, tuple[str, ...]] = {}
+    for position, word in enumerate(words, 3):
+        key, equals, value = word.partition("=")
+        if not equals or key not in BOUND_KEYS:
+            raise SecurityError(
+                f"{where}: expected 'SCOPE TOKEN' and then only hosts=GLOB,... or runs=PREFIX,... "
+                f"(word {position} is neither)"
+            )
+        if key in bounds:
+            raise SecurityError(f"{where}: {key}= is given twice; list them all in one, separated by commas")
+        items = tuple(value.split(","))
+        if not all(items):
+            raise SecurityError(f"{where}: {key}= needs a list separated by commas, with no empty items")
+        if key == "hosts" and not all(item.isprintable() and item.split() == [item] for item in items):
+            raise SecurityError(f"{where}: hosts= takes globs of printable characters, no spaces, e.g. hosts=gpu-*")
+        if key == "runs" and not all(RUN_PREFIX.fullmatch(item) for item in items):
+            raise SecurityError(f"{where}: runs= takes run-id prefixes made of [A-Za-z0-9._:/-], e.g. runs=ci-")
+        bounds[key] = items
+    if bounds and WRITE not in SCOPES[scope]:
+        raise SecurityError(
+            f"{where}: hosts= and runs= bound what a token writes; a read token reads everything, unbound"
+        )
+    return Grant(SCOPES[scope], bounds.get("hosts"), bounds.get("runs"))
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """Known tokens and the scopes each grants. Lookups compare with `hmac.compare_digest`,
-    against every token, so that the time taken does not tell how much of a guess matched."""
+    """Known tokens and what each grants. Lookups compare with `hmac.compare_digest`, against
+    every token, so that the time taken does not tell how much of a guess matched."""
 
-    entries: tuple[tuple[bytes, frozenset[str]], ...] = field(repr=False)
+    entries: tuple[tuple[bytes, Grant], ...] = field(repr=False)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def scopes_of(self, token: str) -> frozenset[str] | None:
+    def grant_of(self, token: str) -> Grant | None:
         presented = token.encode()
         found = None
-        for known, scopes in self.entries:
+        for known, grant in self.entries:
             if hmac.compare_digest(known, presented):
-                found = scopes
+                found = grant
         return found
 
-    def adding(self, token: str, scope: str) -> Tokens:
-        return Tokens((*self.entries, (token.encode(), SCOPES[scope])))
+    def scopes_of(self, token: str) -> frozenset[str] | None:
+        grant = self.grant_of(token)
+        return None if grant is None else grant.scopes
+
+    def adding(self, token: str, scope: str, hosts: Iterable[str] = (), runs: Iterable[str] = ()) -> Tokens:
+        grant = parse_grant(scope, bound_words(hosts, runs), "a token added")
+        return Tokens((*self.entries, (token.encode(), grant)))
 
 
 def parse_tokens(text: str, source: str = "--tokens") -> Tokens:
     """Read a tokens file's text; a malformed line is an error naming its number, never its token."""
-    entries: list[tuple[bytes, frozenset[str]]] = []
+    entries: list[tuple[bytes, Grant]] = []
     seen: dict[bytes, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -88,11 +145,15 @@ def parse_tokens(text: str, source: str = "--tokens") -> Tokens:
             continue
         parts = stripped.split()
         where = f"{source} line {number}"
-        if len(parts) != 2:
-            raise SecurityError(f"{where}: expected 'SCOPE TOKEN' (two words, SCOPE read, write or admin)")
-        scope, token = parts
+        if len(parts) < 2:
+            raise SecurityError(
+                f"{where}: expected 'SCOPE TOKEN' (SCOPE read, write or admin), then hosts= or runs= if bounded"
+            )
+        scope, token, *bounds = parts
         if scope not in SCOPES:
             raise SecurityError(f"{where}: the first word must be the scope: read, write or admin")
+        if token.startswith(tuple(f"{key}=" for key in BOUND_KEYS)):
+            raise SecurityError(f"{where}: the second word must be the token; hosts= and runs= come after it")
         if len(token) < MIN_TOKEN_CHARS:
             raise SecurityError(
                 f"{where}: the token is shorter than {MIN_TOKEN_CHARS} characters; make one with `tracehouse token`"
@@ -103,7 +164,7 @@ def parse_tokens(text: str, source: str = "--tokens") -> Tokens:
         if encoded in seen:
             raise SecurityError(f"{where}: the same token is on line {seen[encoded]}; give each client its own")
         seen[encoded] = number
-        entries.append((encoded, SCOPES[scope]))
+        entries.append((encoded, parse_grant(scope, bounds, where)))
     if not entries:
         raise SecurityError(f"{source}: no tokens in it; add lines made with `tracehouse token --scope SCOPE`")
     return Tokens(tuple(entries))
@@ -247,7 +308,7 @@ def is_loopback(address: str) -> bool:
 
 def check_exposure(listen: str, security: ServerSecurity, loopback: bool) -> None:
     """Refuse to serve beyond this machine without tokens; warn when tokens would travel in clear text."""
-    host = listen.rsplit(":", 1)[0]
+    host = listen if listen.startswith(("unix:", "unix-abstract:")) else listen.rsplit(":", 1)[0]
     if loopback:
         if security.tokens is None:
             log.info("no --tokens: every call on %s is let in (this machine only)", host)
@@ -296,27 +357,47 @@ class TokenInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if not needed or handler is None:
             return handler
-        refusal = self._refusal(handler_call_details.invocation_metadata, needed, method)
-        return handler if refusal is None else _refusing(handler, method, *refusal)
+        grant = self._grant(handler_call_details.invocation_metadata, needed, method)
+        return _granting(handler, grant) if isinstance(grant, Grant) else _refusing(handler, method, *grant)
 
-    def _refusal(
+    def _grant(
         self, metadata: Iterable[tuple[str, Any]] | None, needed: frozenset[str], method: str
-    ) -> tuple[grpc.StatusCode, str] | None:
+    ) -> Grant | tuple[grpc.StatusCode, str]:
+        """What the caller's token grants, or why the call is refused."""
         token = bearer_token(metadata)
         if not token:
             return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token (metadata `authorization: Bearer TOKEN`)"
-        granted = self.tokens.scopes_of(token)
-        if granted is None:
+        grant = self.tokens.grant_of(token)
+        if grant is None:
             return grpc.StatusCode.UNAUTHENTICATED, "unknown token"
-        missing = needed - granted
+        missing = needed - grant.scopes
         if missing:
             scope = "admin" if len(needed) > 1 else next(iter(needed))
             return grpc.StatusCode.PERMISSION_DENIED, (
                 f"{method} needs a token with the {scope} scope"
                 + ("" if scope == "admin" else " (or admin)")
-                + f"; this one has {' and '.join(sorted(granted))} only"
+                + f"; this one has {' and '.join(sorted(grant.scopes))} only"
             )
-        return None
+        return grant
+
+
+def _granting(handler: grpc.RpcMethodHandler, grant: Grant) -> grpc.RpcMethodHandler:
+    """`handler` with the caller's grant in `ingest.grants.CALLER` while a unary call runs (the
+    Ingest and Query methods); a streaming response outlives the call, so those get none."""
+    if handler.response_streaming or handler.unary_unary is None:
+        return handler
+    behavior = handler.unary_unary
+
+    def granted(request: Any, context: grpc.ServicerContext) -> Any:
+        reset = CALLER.set(grant)
+        try:
+            return behavior(request, context)
+        finally:
+            CALLER.reset(reset)
+
+    return grpc.unary_unary_rpc_method_handler(
+        granted, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 def _refusing(

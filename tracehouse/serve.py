@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -21,8 +23,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
+from ingest.grants import OutOfBounds
 from ingest.service import IngestService
-from ingest.store import BatchConflict, SqlRejected, Store, StoreError, StoreUnavailable, parse_store_url
+from ingest.store import (
+    BatchConflict,
+    BatchRefused,
+    SqlRejected,
+    Store,
+    StoreError,
+    StoreNotWritable,
+    StoreUnavailable,
+    parse_store_url,
+)
 from ingest.validate import BatchError
 from query.service import QueryService
 from query.window import QueryError, RunNotFound
@@ -44,22 +56,46 @@ SQL_REJECTION_CODES = {
 }
 
 
+# What the store's messages may carry that clients must not see: the engine's version, its
+# stack, the store's URL (http(s) with the password starred, or chdb:// and the folder), and
+# file paths (temp files of an insert, the store's folder).
+_VERSION = re.compile(r"\s*\(version [^)]*\)")
+_INSERT_FILE = re.compile(r"\s*\(in file/uri [^)]*\)")
+_LOCATION = re.compile(r"\s*\b(?:chdb|file|https?)://\S*?(?=:?(?:\s|$))")
+_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"()\[\],;:]*")
+
+
+def public_message(text: str) -> str:
+    """A store's message as a client may see it: one line, without paths, URLs or versions."""
+    line = text.strip().split("\n", 1)[0]
+    for pattern, replacement in ((_VERSION, ""), (_INSERT_FILE, ""), (_LOCATION, ""), (_PATH, "…")):
+        line = pattern.sub(replacement, line)
+    return line
+
+
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
-    """Map the packages' errors to a gRPC status and a message a person can act on."""
+    """Map the packages' errors to a gRPC status and a message a person can act on. A store's
+    message reaches the client only through public_message; the server log keeps it whole."""
     if isinstance(error, BatchError | QueryError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, RunNotFound):
         return grpc.StatusCode.NOT_FOUND, str(error)
+    if isinstance(error, OutOfBounds):
+        return grpc.StatusCode.PERMISSION_DENIED, str(error)
     if isinstance(error, BatchConflict):
         return grpc.StatusCode.ALREADY_EXISTS, str(error)
-    if isinstance(error, SqlRejected):
-        return SQL_REJECTION_CODES[error.reason], str(error)
-    if isinstance(error, StoreUnavailable):
-        return grpc.StatusCode.UNAVAILABLE, str(error)
     if isinstance(error, Overloaded):  # the retry hint rides in a trailer the service set
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, SqlRejected):
+        return SQL_REJECTION_CODES[error.reason], public_message(str(error))
+    if isinstance(error, BatchRefused):
+        return grpc.StatusCode.INVALID_ARGUMENT, public_message(str(error))
+    if isinstance(error, StoreUnavailable):
+        log.debug("answering UNAVAILABLE: %s", error)
+        return grpc.StatusCode.UNAVAILABLE, public_message(str(error))
     if isinstance(error, StoreError):
-        return grpc.StatusCode.INTERNAL, str(error)
+        log.error("store error: %s", error)
+        return grpc.StatusCode.INTERNAL, public_message(str(error))
     log.exception("unexpected error", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); the server log has details"
 
@@ -176,7 +212,16 @@ def create_server(
     server.start()
     running = Server(server, port, health_servicer, local_address, local_folder)
     running.set_serving(True)
+    store.on_health(running.set_serving)
     return running
+
+
+def listening_address(listen: str, port: int) -> str:
+    """Where a server bound as `listen` answers: the host with the port it got (`listen` may
+    ask for port 0), or the socket's path as given (gRPC says port 1 for any unix socket)."""
+    if listen.startswith("unix"):
+        return listen
+    return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
 def describe(security: ServerSecurity) -> str:
@@ -186,18 +231,21 @@ def describe(security: ServerSecurity) -> str:
     return f"{transport}, {tokens}"
 
 
-def _wait_for_store(store: Store, server: Server, stop: threading.Event) -> None:
+def _watch_store(store: Store, stop: threading.Event) -> None:
+    """Try a store that is not ready (unreachable) or has failed (its folder refuses writes) until
+    it answers; the health check follows the store (Store.on_health), so no call has to come first."""
     delay = 1.0
     while not stop.wait(delay):
+        if store.healthy:
+            delay = 1.0
+            continue
         try:
             store.ensure_ready()
         except StoreUnavailable as error:
             log.warning("%s; retrying in %.0f s", error, delay)
             delay = min(delay * 2, 30.0)
             continue
-        log.info("store %s is reachable (schema v%d): serving", store.location.display, store.schema_version())
-        server.set_serving(True)
-        return
+        log.info("store %s answers (schema v%d): serving", store.location.display, store.schema_version())
 
 
 def serve(
@@ -212,22 +260,27 @@ def serve(
     security: ServerSecurity | None = None,
     layout: Mapping[str, Any] | None = None,
 ) -> int:
-    """Run until SIGINT or SIGTERM; then finish the calls in flight and close the store.
+    """Run until SIGINT, SIGTERM or SIGHUP; then finish the calls in flight and close the store.
 
-    An embedded store that cannot be opened is fatal. A ClickHouse server that cannot be
-    reached is not: the health check says NOT_SERVING and calls get UNAVAILABLE until it is.
+    An embedded store that cannot be opened is fatal; one whose folder refuses writes returns 2
+    after one line that names the folder. A ClickHouse server that cannot be reached is not
+    fatal, nor a folder that refuses writes later: the health check says NOT_SERVING and calls
+    get UNAVAILABLE until the store answers.
     Listening beyond loopback without tokens is refused (SecurityError).
     """
     security = security or ServerSecurity()
     check_exposure(listen, security, is_loopback(listen))
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # on_stop stops what on_ready started
         signal.signal(sig, lambda *_: stop.set())
     store = Store(parse_store_url(store_url), limits, **(layout or {}))
     try:
         ready = True
         try:
             store.ensure_ready()
+        except StoreNotWritable as error:
+            print(f"tracehouse: {error.for_operator()}", file=sys.stderr)
+            return 2  # as for a usage error: the operator must fix something first
         except StoreUnavailable as error:
             if store.location.engine == "chdb":
                 raise
@@ -235,16 +288,12 @@ def serve(
             ready = False
         server = create_server(store, listen, limits, max_pending_bytes=max_pending_bytes, security=security)
         server.set_serving(ready)
-        if not ready:
-            threading.Thread(target=_wait_for_store, args=(store, server, stop), daemon=True).start()
-        host = listen.rsplit(":", 1)[0]
-        log.info(
-            "tracehouse serve: listening on %s:%d (%s), store %s",
-            host, server.port, describe(security), store.location.display,
-        )  # fmt: skip
+        threading.Thread(target=_watch_store, args=(store, stop), daemon=True).start()
+        where = listening_address(listen, server.port)
+        log.info("tracehouse serve: listening on %s (%s), store %s", where, describe(security), store.location.display)
         if on_ready is not None:
             try:
-                on_ready(server.local_address or f"{host}:{server.port}")
+                on_ready(server.local_address or where)
             except BaseException:
                 if on_stop is not None:
                     on_stop()

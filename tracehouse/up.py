@@ -24,7 +24,8 @@ from pathlib import Path
 
 from tracehouse import config
 from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
-from tracehouse.security import TOKEN_BYTES, ServerSecurity
+from tracehouse.children import stop_process, with_parent
+from tracehouse.security import TOKEN_BYTES, ServerSecurity, glob_escape
 
 UI_START_TIMEOUT_S = 60.0
 DEMO_TRAIN_STEPS = 30
@@ -48,22 +49,27 @@ def ui_command(port: int, address: str = "127.0.0.1") -> list[str]:
 def start_ui(
     server: str, port: int, address: str = "127.0.0.1", security: ClientSecurity | None = None
 ) -> subprocess.Popen[bytes]:
-    """The UI in a process of its own, once it answers its health check."""
+    """The UI in a process of its own (that stops when this one dies), once it answers its
+    health check; stopped again if anything (a signal too) interrupts the wait."""
     process = subprocess.Popen(
-        ui_command(port, address), env=ui_environment(server, security), stdout=subprocess.DEVNULL
+        with_parent(ui_command(port, address)), env=ui_environment(server, security), stdout=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + UI_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the UI exited at start (status {process.returncode}); is port {port} free?")
-        try:
-            with urllib.request.urlopen(f"http://{_reachable(address)}:{port}/_stcore/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return process
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.3)
-    stop_process(process)
-    raise RuntimeError(f"the UI did not answer on port {port} within {UI_START_TIMEOUT_S:.0f} s")
+    try:
+        deadline = time.monotonic() + UI_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the UI exited at start (status {process.returncode}); is port {port} free?")
+            try:
+                url = f"http://{_reachable(address)}:{port}/_stcore/health"
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return process
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.3)
+        raise RuntimeError(f"the UI did not answer on port {port} within {UI_START_TIMEOUT_S:.0f} s")
+    except BaseException:
+        stop_process(process)
+        raise
 
 
 def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, str]:
@@ -82,16 +88,6 @@ def _reachable(address: str) -> str:
     if address in ("0.0.0.0", "", "::"):
         return "127.0.0.1"
     return f"[{address}]" if ":" in address else address
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Up:
@@ -114,14 +110,16 @@ class Up:
 
     def secure(self, security: ServerSecurity) -> ServerSecurity:
         """The server's settings plus what this process's agent and UI need: with tokens, a
-        write token and a read token of their own; with TLS, a plain-text unix socket that only
-        this user can reach (no client certificate is needed there, whatever --tls-client-ca says)."""
+        write token bound to this host (what the agent, the demo and demo-train write) and a read
+        token of their own; with TLS, a plain-text unix socket that only this user can reach (no
+        client certificate is needed there, whatever --tls-client-ca says)."""
         self.tls = security.tls is not None
         if security.tokens is None:
             return dataclasses.replace(security, local_socket=self.tls)
         self.agent_token = secrets.token_urlsafe(TOKEN_BYTES)
         self.ui_token = secrets.token_urlsafe(TOKEN_BYTES)
-        tokens = security.tokens.adding(self.agent_token, "write").adding(self.ui_token, "read")
+        own_host = [glob_escape(socket.gethostname())]
+        tokens = security.tokens.adding(self.agent_token, "write", hosts=own_host).adding(self.ui_token, "read")
         return dataclasses.replace(security, tokens=tokens, local_socket=self.tls)
 
     def _ui_security(self) -> ClientSecurity:
@@ -192,7 +190,7 @@ class Up:
         )
         try:
             self.trainer = subprocess.Popen(
-                demo_train_command(address), env=ui_environment(address, security),
+                with_parent(demo_train_command(address)), env=ui_environment(address, security),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )  # fmt: skip
         except OSError as error:

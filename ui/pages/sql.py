@@ -14,9 +14,7 @@ from ui.tables import table
 EXAMPLE = """SELECT name, count() AS kernels, sum(toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)) AS total_ns
 FROM events WHERE kind = 'kernel'
 GROUP BY name ORDER BY total_ns DESC LIMIT 20"""
-SCHEMA = """SELECT table, name AS column, type, comment FROM system.columns
-WHERE database = currentDatabase() AND table IN ('runs', 'devices', 'samples', 'events')
-ORDER BY table, position"""
+SCHEMA = "SELECT table, name AS column, type, comment FROM columns ORDER BY table, position"
 
 st.title("SQL")
 query, schema = st.columns([3, 1])
