@@ -80,6 +80,29 @@ def check_bounds(batch: ValidatedBatch, grant: Grant) -> None:
                     raise _refusal(grant, f"batch.{table}[{i}].{field}", value, kind)
 
 
+def named_runs(batch: ValidatedBatch) -> list[str]:
+    """The run ids the batch's rows (samples, events, devices) are filed under."""
+    found: set[str] = set()
+    for table in ("samples", "events", "devices"):
+        data = getattr(batch, table)
+        if data is not None:
+            found.update(value for value in pc.unique(data.column("run_id")).to_pylist() if value)
+    return sorted(found)
+
+
+def check_run_hosts(batch: ValidatedBatch, stored_hosts: Mapping[str, str], grant: Grant) -> None:
+    """Rows may be filed only under runs whose stored host is inside the grant's hosts: a bounded
+    writer cannot add its rows to another host's run."""
+    for run_id in named_runs(batch):
+        host = stored_hosts.get(run_id)
+        if host is not None and not grant.allows_host(host):
+            raise OutOfBounds(
+                "batch.run_id",
+                f"run {show(run_id)} belongs to host {show(host)}, outside this token's hosts "
+                f"({_bounds(grant.hosts or ())}): this token may not add rows to it",
+            )
+
+
 def check_descriptions(runs: pa.Table, stored: Mapping[str, tuple[str, bool]], grant: Grant) -> None:
     """The run descriptions of a batch (in bounds already) against what is stored, `stored`
     mapping run id to (host, importing). The rows count in order: a later row of the batch

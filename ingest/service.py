@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from ingest.admission import Admission, Overloaded
-from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions
+from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
 from ingest.store import Store, WriteResult
 from ingest.validate import ValidatedBatch, has_unknown_fields, validate_batch
 from tracehouse.pushback import PUSHBACK_KEY
@@ -16,6 +16,7 @@ from tracehouse.timefmt import now_ns
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 log = logging.getLogger("tracehouse.ingest")
+STORED_HOSTS_KEPT = 100_000  # runs whose host this process remembers
 
 
 class IngestService(ingest_pb2_grpc.IngestServicer):
@@ -25,6 +26,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         self.store = store
         self.admission = admission or Admission()
         self.run_locks = RunLocks()
+        # a stored run keeps its host (ingest/grants.py), so a host once found stays true
+        self._stored_hosts: dict[str, str] = {}
 
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
         grant = CALLER.get()
@@ -32,7 +35,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
             with self.admission.admit(len(encoded) or request.ByteSize()):
                 received = now_ns()
                 as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
-                batch = validate_batch(request.batch, self.store.limits, received, as_sent)
+                batch = validate_batch(request.batch, self.store.limits, received, as_sent, grant.namespace)
                 check_bounds(batch, grant)
                 result = self._write(batch, received, grant)
         except Overloaded as refused:
@@ -45,6 +48,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
 
     def _write(self, batch: ValidatedBatch, received: int, grant: Grant) -> WriteResult:
         """Run descriptions answer to the stored ones first, one run at a time in this process."""
+        if grant.hosts is not None:
+            check_run_hosts(batch, self._run_hosts(named_runs(batch)), grant)
         if batch.runs is None:
             return self.store.write(batch, received)
         with self.run_locks.holding(batch.runs.column("run_id").to_pylist()):
@@ -52,3 +57,11 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
             if stored is not None:  # None: this very batch is stored already
                 check_descriptions(batch.runs, stored, grant)
             return self.store.write(batch, received)
+
+    def _run_hosts(self, run_ids: list[str]) -> dict[str, str]:
+        missing = [run_id for run_id in run_ids if run_id not in self._stored_hosts]
+        if missing:
+            if len(self._stored_hosts) > STORED_HOSTS_KEPT:
+                self._stored_hosts.clear()
+            self._stored_hosts.update(self.store.run_hosts(missing))
+        return {run_id: self._stored_hosts[run_id] for run_id in run_ids if run_id in self._stored_hosts}

@@ -7,7 +7,10 @@ replace, split), dates and times, type conversion, hashing, JSON, encoding, bits
 functions, and a few pure helpers. Out, by not being here: everything that reaches files, the network,
 other processes, dictionaries, other tables by name, or tells about the server (file, url, dictGet,
 joinGet, hasColumnInTable, getSetting, getServerSetting, getMacro, hostName, version, uptime,
-currentUser, serverUUID, filesystem*, timezone, sleep, the ai* functions, ...).
+currentUser, serverUUID, filesystem*, timeZoneOf, sleep, the ai* functions, ...); nor functions
+whose cost grows with the square of one row's strings or arrays (editDistance, levenshteinDistance,
+jaroSimilarity, arrayLevenshteinDistance, ...): the engine checks its time limit between blocks of
+rows, and one such row could hold a query past it (and a slot of user SQL with it).
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ arrayAUC arrayAUCPR arrayAutocorrelation arrayAvg arrayBottomK arrayCompact arra
 arrayCumSumNonNegative arrayDifference arrayDistinct arrayDotProduct arrayElement arrayElementOrNull arrayEnumerate
 arrayEnumerateDense arrayEnumerateDenseRanked arrayEnumerateUniq arrayEnumerateUniqRanked arrayExcept arrayExists
 arrayFill arrayFilter arrayFirst arrayFirstIndex arrayFirstOrNull arrayFlatten arrayFlattenedLength arrayFold
-arrayIntersect arrayJaccardIndex arrayJoin arrayLast arrayLastIndex arrayLastOrNull arrayLevenshteinDistance
-arrayLevenshteinDistanceWeighted arrayMap arrayMax arrayMin arrayNormalizedGini arrayPartialReverseSort
+arrayIntersect arrayJaccardIndex arrayJoin arrayLast arrayLastIndex arrayLastOrNull
+arrayMap arrayMax arrayMin arrayNormalizedGini arrayPartialReverseSort
 arrayPartialShuffle arrayPartialSort arrayPopBack arrayPopFront arrayPRAUC arrayProduct arrayPushBack arrayPushFront
 arrayRandomSample arrayRemove arrayResize arrayReverse arrayReverseFill arrayReverseSort arrayReverseSplit
 arrayROCAUC arrayRotateLeft arrayRotateRight arrayShiftLeft arrayShiftRight arrayShingles arrayShuffle
-arraySimilarity arraySlice arraySort arraySplit arrayStringConcat arraySum arraySymmetricDifference arrayTopK
+arraySlice arraySort arraySplit arrayStringConcat arraySum arraySymmetricDifference arrayTopK
 arrayTranspose arrayUnion arrayUniq arrayWithConstant arrayZip arrayZipUnaligned ascii asin asinh assumeNotNull atan
 atan2 atanh avg2 bar base32Decode base32Encode base58Decode base58Encode base64Decode base64Encode base64URLDecode
 base64URLEncode basename bin bitAnd bitCount bitHammingDistance bitmaskToArray bitmaskToList bitNot bitOr
@@ -42,10 +45,10 @@ changeSecond changeYear char CHAR_LENGTH CHARACTER_LENGTH cityHash64 clamp coale
 concat_ws concatAssumeInjective concatWithSeparator concatWithSeparatorAssumeInjective conv convertCharset cos cosh
 countDigits countEqual countMatches countMatchesCaseInsensitive countSubstrings countSubstringsCaseInsensitive
 countSubstringsCaseInsensitiveUTF8 CRC32 CRC32IEEE CRC64 curdate current_date current_timestamp
-damerauLevenshteinDistance DATE date_bin date_diff DATE_DIFF DATE_FORMAT DATE_TRUNC dateDiff dateName dateTrunc DAY
+DATE date_bin date_diff DATE_DIFF DATE_FORMAT DATE_TRUNC dateDiff dateName dateTrunc DAY
 DAYOFMONTH DAYOFWEEK DAYOFYEAR decodeHTMLComponent decodeXMLComponent defaultValueOfArgumentType
 defaultValueOfTypeName degrees divide divideDecimal divideOrNull dotProduct dynamicElement dynamicType e
-editDistance editDistanceUTF8 empty emptyArrayDate emptyArrayDateTime emptyArrayFloat32 emptyArrayFloat64
+empty emptyArrayDate emptyArrayDateTime emptyArrayFloat32 emptyArrayFloat64
 emptyArrayInt16 emptyArrayInt32 emptyArrayInt64 emptyArrayInt8 emptyArrayString emptyArrayToSingle emptyArrayUInt16
 emptyArrayUInt32 emptyArrayUInt64 emptyArrayUInt8 encodeXMLComponent endsWith endsWithCaseInsensitive
 endsWithCaseInsensitiveUTF8 endsWithUTF8 equals erf erfc exp exp10 exp2 extract extractAll extractAllGroups
@@ -63,7 +66,7 @@ highlight hilbertDecode hilbertEncode hiveHash HOUR hypot icebergHash identity i
 indexOf indexOfAssumeSorted initcap initcapUTF8 instr intDiv intDivOrNull intDivOrZero intExp10 intExp2 intHash32
 intHash64 isASCII isConstant isDecimalOverflow isDistinctFrom isDynamicElementInSharedData isFinite isInfinite isNaN
 isNotDistinctFrom isNotNull isNull isNullable isPrime isProbablePrime isValidASCII isValidJSON isValidUTF8
-isZeroOrNull jaroSimilarity jaroWinklerSimilarity javaHash javaHashUTF16LE JSON_ARRAY_LENGTH JSON_EXISTS JSON_QUERY
+isZeroOrNull javaHash javaHashUTF16LE JSON_ARRAY_LENGTH JSON_EXISTS JSON_QUERY
 JSON_VALUE JSONAllPaths JSONAllPathsWithTypes JSONAllValues JSONArrayLength JSONDynamicPaths
 JSONDynamicPathsWithTypes JSONExtract JSONExtractArrayRaw JSONExtractArrayRawCaseInsensitive JSONExtractBool
 JSONExtractBoolCaseInsensitive JSONExtractCaseInsensitive JSONExtractFloat JSONExtractFloatCaseInsensitive
@@ -73,7 +76,7 @@ JSONExtractKeysCaseInsensitive JSONExtractRaw JSONExtractRawCaseInsensitive JSON
 JSONExtractStringCaseInsensitive JSONExtractUInt JSONExtractUIntCaseInsensitive JSONHas JSONKey JSONLength
 jsonMergePatch JSONMergePatch JSONSharedDataPaths JSONSharedDataPathsWithTypes JSONType jumpConsistentHash
 kafkaMurmurHash keccak256 kostikConsistentHash LAST_DAY lcase lcm least left leftPad leftPadUTF8 leftUTF8 length
-lengthUTF8 less lessOrEquals levenshteinDistance levenshteinDistanceUTF8 lgamma like ln localtimestamp locate log
+lengthUTF8 less lessOrEquals lgamma like ln localtimestamp locate log
 log10 log1p log2 lower lowerUTF8 lpad ltrim makeDate makeDate32 makeDateTime makeDateTime64 map MAP_FROM_ARRAYS
 mapAdd mapAll mapApply mapConcat mapContains mapContainsKey mapContainsKeyLike mapContainsValue mapContainsValueLike
 mapExists mapExtractKeyLike mapExtractValueLike mapFilter mapFromArrays mapFromString mapKeys mapPartialReverseSort
@@ -124,8 +127,8 @@ stringBytesEntropy stringBytesUniq stringJaccardIndex stringJaccardIndexUTF8 sub
 SUBSTRING_INDEX substringIndex substringIndexUTF8 substringUTF8 subtractDays subtractHours subtractInterval
 subtractMicroseconds subtractMilliseconds subtractMinutes subtractMonths subtractNanoseconds subtractQuarters
 subtractSeconds subtractTupleOfIntervals subtractWeeks subtractYears tan tanh tgamma throwIf time_bucket timeDiff
-timeSlot timeSlots timestamp timestamp_diff TIMESTAMP_DIFF timestampDiff timeZoneOf timezoneOf timezoneOffset
-timeZoneOffset TO_BASE64 TO_DAYS TO_UNIXTIME to_utc_timestamp toBFloat16 toBFloat16OrNull toBFloat16OrZero toBool
+timeSlot timeSlots timestamp timestamp_diff TIMESTAMP_DIFF timestampDiff
+TO_BASE64 TO_DAYS TO_UNIXTIME to_utc_timestamp toBFloat16 toBFloat16OrNull toBFloat16OrZero toBool
 toColumnTypeName toDate toDate32 toDate32OrDefault toDate32OrNull toDate32OrZero toDateOrDefault toDateOrNull
 toDateOrZero toDateTime toDateTime32 toDateTime64 toDateTime64OrDefault toDateTime64OrNull toDateTime64OrZero
 toDateTimeOrDefault toDateTimeOrNull toDateTimeOrZero today toDayOfMonth toDayOfWeek toDayOfYear toDaysInMonth

@@ -643,11 +643,22 @@ class Store:
             stored = self._ledger(client, batch.batch_id)
             if stored is not None and stored[0] == batch.digest:
                 return None
-            found = client.query(
+            found = self._run_rows(client, run_ids)
+        return {str(run_id): (str(host), bool(importing)) for run_id, host, importing in found}
+
+    def run_hosts(self, run_ids: list[str]) -> dict[str, str]:
+        """The host each of `run_ids` is stored under, for those that are stored."""
+        self.ensure_ready()
+        with self._client() as client:
+            return {str(run_id): str(host) for run_id, host, _ in self._run_rows(client, run_ids)}
+
+    def _run_rows(self, client: Client, run_ids: list[str]) -> list[Any]:
+        return list(
+            client.query(
                 f"SELECT run_id, host, importing FROM {self.db}.runs FINAL WHERE run_id IN {{ids:Array(String)}}",
                 parameters={"ids": run_ids},
             ).result_rows
-        return {str(run_id): (str(host), bool(importing)) for run_id, host, importing in found}
+        )
 
 
 def without_materialized_cte(sql: str) -> str:

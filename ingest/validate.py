@@ -67,16 +67,21 @@ def _rows(table: pa.Table | None) -> int:
     return 0 if table is None else table.num_rows
 
 
-def validate_batch(batch: batch_pb2.Batch, limits: Limits, received_ns: int, encoded: bytes = b"") -> ValidatedBatch:
+def validate_batch(
+    batch: batch_pb2.Batch, limits: Limits, received_ns: int, encoded: bytes = b"", namespace: str = ""
+) -> ValidatedBatch:
     """`encoded`: the WriteRequest as it arrived, when it has no unknown fields (for the digest);
-    without it, the batch is encoded again."""
+    without it, the batch is encoded again. `namespace` goes before the batch id as the ledger and
+    the event ids know it: the writer's own (tracehouse.scopes.Grant.namespace), so that one writer's
+    batch ids never meet another's."""
     check_id("batch.batch_id", batch.batch_id, limits)
     strings = _Strings(batch.dictionary, limits)
+    batch_id = namespace + batch.batch_id
     validated = ValidatedBatch(
-        batch_id=batch.batch_id,
+        batch_id=batch_id,
         digest=_digest(encoded or canonical_request(batch)),
         samples=_samples(batch, strings, limits) if batch.HasField("samples") else None,
-        events=_events(batch, strings, limits) if batch.HasField("events") else None,
+        events=_events(batch, batch_id, strings, limits) if batch.HasField("events") else None,
         runs=_runs(batch.runs, limits, received_ns) if batch.runs else None,
         devices=_devices(batch.devices, limits, received_ns) if batch.devices else None,
     )
@@ -294,7 +299,7 @@ def event_ids(batch_id: str, rows: int) -> npt.NDArray[np.uint64]:
     return (np.uint64(prefix) << np.uint64(EVENT_ID_ROW_BITS)) | np.arange(rows, dtype=np.uint64)
 
 
-def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Table | None:
+def _events(batch: batch_pb2.Batch, batch_id: str, strings: _Strings, limits: Limits) -> pa.Table | None:
     columns = batch.events
     rows = _required_rows("events", columns, ("start", "end", "kind", "name"))
     if rows == 0:
@@ -342,7 +347,7 @@ def _events(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Tab
             "bytes": _bytes(columns.bytes, rows),
             "depth": _depths(columns.depth, rows),
             "extras": _extras(columns, strings, rows, limits),
-            "id": event_ids(batch.batch_id, rows),
+            "id": event_ids(batch_id, rows),
             "launch_start": _launch_starts(columns.launch_start, rows),
         }
     )

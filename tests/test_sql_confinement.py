@@ -94,6 +94,16 @@ ATTACKS = {
     "getMacro": ("SELECT getMacro('shard')", "function getMacro"),
     "version": ("SELECT version()", "function version"),
     "hostName": ("SELECT hostName()", "function hostName"),
+    "timeZoneOf": ("SELECT timeZoneOf(now())", "function timeZoneOf"),
+    # one row of a quadratic function runs past the time limit, checked only between blocks
+    "editDistance": (
+        "SELECT sum(editDistance(repeat('a', 20000), repeat('b', 20000 + number))) FROM numbers(8)",
+        "function editDistance",
+    ),
+    "arrayLevenshteinDistance": (
+        "SELECT arrayLevenshteinDistance(range(50000), range(1, 50001))",
+        "function arrayLevenshteinDistance",
+    ),
     "currentUser": ("SELECT currentUser()", "function currentUser"),
     "uptime": ("SELECT uptime()", "function uptime"),
     "serverUUID": ("SELECT serverUUID()", "function serverUUID"),

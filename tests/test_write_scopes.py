@@ -311,3 +311,35 @@ def test_up_gives_its_agent_a_token_bound_to_this_host(store: Store, limits: Lim
         assert counts(store)["ingest_batches"] == 1
     finally:
         server.stop(grace=1)
+
+
+def test_one_writers_batch_ids_never_meet_anothers(send: Send, store: Store) -> None:
+    """A bounded token that sends another host's next batch id first stores its own batch; the
+    other host's batch of that id is still stored, and nothing tells either of the other."""
+    squatted = "agent.dgx-1.20260921T141320.000000Z/00000002"
+    send(GPU, telemetry(squatted, run_id="gpu-1-run", host="gpu-1", n=1))
+    answer = send(DGX, telemetry(squatted, run_id="agent.dgx-1", host="dgx-1", n=50))
+    assert not answer.duplicate and answer.samples == 200
+    again = send(DGX, telemetry(squatted, run_id="agent.dgx-1", host="dgx-1", n=50))
+    assert again.duplicate, "a writer's own retry is still one batch"
+    send(DGX, telemetry(squatted[:-1] + "3", run_id="agent.dgx-1", host="dgx-1", n=50))
+    probe = send(GPU, telemetry(squatted[:-1] + "3", run_id="gpu-1-run", host="gpu-1", n=2))
+    assert probe.samples == 8 and not probe.duplicate, "the probe learns nothing of the other host's batch"
+    hosts = store.query("SELECT host, count() AS n FROM {db}.samples GROUP BY host ORDER BY host").to_pylist()
+    assert hosts == [{"host": "dgx-1", "n": 400}, {"host": "gpu-1", "n": 12}]
+
+
+def test_a_bounded_token_cannot_file_rows_under_another_hosts_run(send: Send, store: Store) -> None:
+    send(DGX, describe("dgx/run", "train-9", "dgx-10"))
+    send(DGX, telemetry("dgx/1", run_id="train-9", host="dgx-10", n=10))
+    for batch in (
+        telemetry("gpu/1", run_id="train-9", host="gpu-1", n=5),
+        trace("gpu/2", run_id="train-9", host="gpu-1"),
+        BatchBuilder("gpu/3").add_device("gpu-1", 0, run_id="train-9", name="FAKE"),
+    ):
+        refusal = refused(lambda batch=batch: send(GPU, batch))
+        assert refusal.code() == PERMISSION_DENIED
+        assert "run 'train-9' belongs to host 'dgx-10', outside this token's hosts" in refusal.details()
+    assert counts(store)["samples"] == 40 and counts(store)["events"] == 0 and counts(store)["devices"] == 0
+    send(DGX, telemetry("dgx/2", run_id="train-9", host="dgx-10", n=10))  # its own host still may
+    assert counts(store)["samples"] == 80

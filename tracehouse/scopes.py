@@ -4,6 +4,7 @@ tokens every call has `UNBOUNDED`. ingest/grants.py checks batches against it.""
 
 from __future__ import annotations
 
+import hashlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -20,6 +21,15 @@ class Grant:
     @property
     def bounded(self) -> bool:
         return self.hosts is not None or self.runs is not None
+
+    @property
+    def namespace(self) -> str:
+        """Where this writer's batch ids live in the ledger: its own, when it is bounded, so that
+        no batch id it sends can meet (and so refuse, or tell of) another writer's batch."""
+        if not self.bounded:
+            return ""
+        bounds = repr((self.hosts, self.runs)).encode()
+        return f"bounded.{hashlib.sha256(bounds).hexdigest()[:16]}/"
 
     def allows_host(self, host: str) -> bool:
         return self.hosts is None or any(fnmatchcase(host, glob) for glob in self.hosts)
