@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from agent.gpu import DeviceInfo, describe_device
 from agent.kineto import KinetoTrace
 from agent.nsys import Export, Session, Source
-from agent.tracefile import Part, Trace, sniff
+from agent.tracefile import Part, Trace, TraceFileError, sniff
 from tracehouse.batch import BatchBuilder
 from tracehouse.v1 import batch_pb2
 
@@ -101,39 +101,65 @@ def import_export(
         }
         version = _describe(run)
         if not into_run:
-            begin = BatchBuilder(f"{run_id}/run/{version}/begin").add_run(**run, importing=True).build()
-            sink = _Declaring(sink, begin)
-        end = trace.start_ns
-        threads: set[tuple[int, int]] = set()
-        for part in trace.parts():
-            end = max(end, _ship_part(part, run_id, host, sink, result, threads, progress))
-        for number, chunk in enumerate(trace.sample_chunks()):
-            builder = BatchBuilder(f"{run_id}/gpu_metrics/{number:06d}", run_id=run_id, host=host)
-            builder.add_samples(chunk.column("metric"), chunk.column("ts").to_numpy(),
-                                chunk.column("value").to_numpy(), gpu=chunk.column("gpu").to_numpy())  # fmt: skip
-            sink.write(builder.build())
-            result.samples += chunk.num_rows
-        names = _names(trace, run_id, host, threads, trace.start_ns, result)
-        if names is not None:
-            sink.write(names)
-        trace.check_unchanged()
-        sink.flush()  # everything else is stored before the run becomes visible
-        result.skipped = trace.skipped()
-        run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
-        run["attrs"] = {
-            **trace.attrs(),
-            **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
-            **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},
-        }
-        result.attrs = run["attrs"]
-        result.end_ns = max(end, trace.start_ns)
-        if not into_run:
-            final = BatchBuilder(f"{run_id}/run/{version}/end")
-            final.add_run(**run, end=result.end_ns, importing=False)
-            sink.write(final.build())
-            sink.flush()
+            # The begin describes the file, whatever the caller names and tags it: importing a finished
+            # file again under a new name re-sends the very begin it stored (a duplicate, never taken for
+            # sending the run back to importing), and the end renames the run.
+            as_filed = {**run, "name": trace.default_name(), "tags": {}}
+            begin = BatchBuilder(f"{run_id}/run/{_describe(as_filed)}/begin").add_run(**as_filed, importing=True)
+            sink = _Declaring(sink, begin.build())
+        try:
+            _ship(trace, run, run_id, host, sink, result, progress, into_run, version)
+        except TraceFileError as error:
+            if isinstance(sink, _Declaring) and sink.declared:  # refused mid-import: the run says why
+                failed = {**run, "attrs": {**run["attrs"], "import_failed": str(error)[:4096]}}
+                sink.write(BatchBuilder(f"{run_id}/run/{version}/failed").add_run(**failed, importing=True).build())
+                sink.flush()
+            raise
     result.seconds = round(time.monotonic() - started, 3)
     return result
+
+
+def _ship(
+    trace: Trace,
+    run: dict[str, Any],
+    run_id: str,
+    host: str,
+    sink: BatchSink,
+    result: ImportResult,
+    progress: Progress | None,
+    into_run: str,
+    version: str,
+) -> None:
+    """Everything of the run, then (unless `into_run`) the description that makes it visible."""
+    end = trace.start_ns
+    threads: set[tuple[int, int]] = set()
+    for part in trace.parts():
+        end = max(end, _ship_part(part, run_id, host, sink, result, threads, progress))
+    for number, chunk in enumerate(trace.sample_chunks()):
+        builder = BatchBuilder(f"{run_id}/gpu_metrics/{number:06d}", run_id=run_id, host=host)
+        builder.add_samples(chunk.column("metric"), chunk.column("ts").to_numpy(),
+                            chunk.column("value").to_numpy(), gpu=chunk.column("gpu").to_numpy())  # fmt: skip
+        sink.write(builder.build())
+        result.samples += chunk.num_rows
+    names = _names(trace, run_id, host, threads, trace.start_ns, result)
+    if names is not None:
+        sink.write(names)
+    trace.check_unchanged()
+    sink.flush()  # everything else is stored before the run becomes visible
+    result.skipped = trace.skipped()
+    run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
+    run["attrs"] = {
+        **trace.attrs(),
+        **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
+        **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},
+    }
+    result.attrs = run["attrs"]
+    result.end_ns = max(end, trace.start_ns)
+    if not into_run:
+        final = BatchBuilder(f"{run_id}/run/{version}/end")
+        final.add_run(**run, end=result.end_ns, importing=False)
+        sink.write(final.build())
+        sink.flush()
 
 
 def _attrs(path: Path, session: Session) -> dict[str, str]:
@@ -161,6 +187,10 @@ class _Declaring:
     def __init__(self, sink: BatchSink, begin: batch_pb2.Batch) -> None:
         self._sink = sink
         self._begin: batch_pb2.Batch | None = begin
+
+    @property
+    def declared(self) -> bool:
+        return self._begin is None
 
     def write(self, batch: batch_pb2.Batch) -> None:
         if self._begin is not None:
@@ -299,7 +329,10 @@ class NsysTrace:
         return self.path.stem
 
     def attrs(self) -> dict[str, str]:
-        return _attrs(self.path, self.export.session)
+        attrs = _attrs(self.path, self.export.session)
+        if self.export.replaced_utf8:
+            attrs["utf8"] = "invalid UTF-8 replaced with U+FFFD"
+        return attrs
 
     def parts(self) -> Iterator[Part]:
         for source in self.export.sources():

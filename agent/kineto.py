@@ -34,8 +34,8 @@ What an event becomes, by its category (`cat`) and phase (`ph`); the table is CA
 - A trace whose events up to the first one with a time include none with a phase (`ph`, a
   string) is not a Chrome trace (a JSON list of metrics, say) and is refused.
 - Anything else (unknown categories, `Trace` spans, `cuda_profiler_range`, other phases, events
-  without a time, with a negative duration or a time outside 1970..2262, items that are not
-  objects) is skipped and counted per reason (the result's `skipped`, the run's attrs). An `X`
+  without a time, with a negative duration or one over 366 days, a time outside 1970..2200,
+  items that are not objects) is skipped and counted per reason (the result's `skipped`, the run's attrs). An `X`
   event without `dur` is an instant (end = start).
 
 Depth is the first lane of the thread (or GPU stream) free at the event's start, kept per
@@ -73,8 +73,8 @@ import codecs
 import contextlib
 import gzip
 import hashlib
-import io
 import json
+import os
 import re
 import zlib
 from collections import OrderedDict, defaultdict
@@ -90,7 +90,7 @@ import pyarrow as pa
 
 from agent.gpu import DeviceInfo
 from agent.nsys import MEMCPY_KINDS, strip_api_version
-from agent.tracefile import GZIP_MAGIC, UTF8_BOM, Part, TraceFileError
+from agent.tracefile import MAX_EVENT_BYTES, MAX_EVENT_NS, MAX_TIME_NS, JsonText, Part, TraceFileError, open_regular
 from tracehouse.model import DEFAULT_LIMITS, NO_GPU, NO_STREAM
 
 CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
@@ -104,7 +104,7 @@ MAX_NAMES = 100_000  # process names, thread names
 MAX_REASONS = 32  # distinct reasons to skip; more go under "other"
 MAX_STRING = DEFAULT_LIMITS.max_string_bytes
 MAX_NAME = DEFAULT_LIMITS.max_name_bytes
-MAX_NS = (1 << 63) - 1
+MAX_NS = MAX_TIME_NS  # times of events: 1970..2200, as the server takes them
 YEAR_2000_NS = 946_684_800 * 10**9
 UINT32 = 1 << 32
 
@@ -225,27 +225,18 @@ class _Scan:
     trailer: dict[str, Any]  # top-level members after traceEvents
 
 
-def _open_bytes(path: Path, gzipped: bool) -> io.BufferedIOBase:
-    return gzip.open(path, "rb") if gzipped else path.open("rb")
-
-
 def _scan(path: Path) -> _Scan:
     try:
-        stat = path.stat()
-        with path.open("rb") as raw:
-            gzipped = raw.read(2) == GZIP_MAGIC
-            raw.seek(0)
+        with open_regular(path) as raw:
+            stat = os.fstat(raw.fileno())
             digest = hashlib.file_digest(raw, "sha256").hexdigest()
         decoder = codecs.getincrementaldecoder("utf-8")()
         utf8 = True
-        total = 0
         first = b""
         tail = bytearray()
-        with _open_bytes(path, gzipped) as stream:
-            while chunk := stream.read(READ_BYTES):
-                if not total:
-                    chunk = chunk.removeprefix(UTF8_BOM)
-                total += len(chunk)
+        text = JsonText(path, KinetoError)  # refuses hostile text (tracefile.JsonGuard) as it is read
+        with contextlib.closing(text):
+            while chunk := text.read(READ_BYTES):
                 first = first or chunk.lstrip()[:1]
                 if utf8:
                     try:
@@ -255,6 +246,8 @@ def _scan(path: Path) -> _Scan:
                 tail += chunk
                 if len(tail) > 2 * TAIL_BYTES:
                     del tail[:-TAIL_BYTES]
+        total = text.consumed
+        gzipped = text.gzip
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
@@ -273,6 +266,8 @@ def _scan(path: Path) -> _Scan:
         raise KinetoError(f"{path.name}: not JSON, or truncated (it does not end with the {closing} it opens with)")
     text_tail = bytes(tail[-TAIL_BYTES:])
     trailer = _trailer(text_tail, whole=total <= TAIL_BYTES) if layout == "object" else {}
+    if not _unicode(trailer):  # json, unlike yajl, takes any escaped surrogate
+        raise KinetoError(f"{path.name}: {_SURROGATE}")
     return _Scan(digest, stat.st_size, stat.st_mtime_ns, gzipped, total, utf8, layout, trailer)
 
 
@@ -316,6 +311,14 @@ def _trailer(tail: bytes, whole: bool) -> dict[str, Any]:
     return {}
 
 
+def _unicode(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _members(text: bytes) -> dict[str, Any]:
     """`, "key": value, ... }` as a dict; {} when it is not that."""
     rest = text.strip()
@@ -332,19 +335,18 @@ def _members(text: bytes) -> dict[str, Any]:
 
 
 class _Text:
-    """The trace's JSON text as ijson reads it: without a byte-order mark, invalid UTF-8
-    replaced when the first pass found some, and the bytes read so far counted."""
+    """The trace's JSON text as ijson reads it: without a byte-order mark, checked by a JsonGuard
+    (so the file is checked again if it changed since the first pass), invalid UTF-8 replaced when
+    the first pass found some, and the bytes read so far counted."""
 
     def __init__(self, path: Path, scan: _Scan) -> None:
-        self._raw = _open_bytes(path, scan.gzip)
+        self._raw = JsonText(path, KinetoError)  # the file may have changed since the first pass: checked again
         self._decoder = None if scan.utf8 else codecs.getincrementaldecoder("utf-8")("replace")
         self.consumed = 0
 
     def read(self, size: int = -1) -> bytes:
         while True:
             data = self._raw.read(size)
-            if not self.consumed:
-                data = data.removeprefix(UTF8_BOM)
             self.consumed += len(data)
             if self._decoder is None:
                 return data
@@ -603,7 +605,7 @@ class KinetoTrace:
             base = 0  # ts is already time since the epoch
         self._offset = base
         self.relative_time = first is None or first + base < YEAR_2000_NS
-        self.start_ns = max(0, first + base) if first is not None else 0
+        self.start_ns = min(max(0, first + base), MAX_NS) if first is not None else 0
         return primed
 
     @contextlib.contextmanager
@@ -664,6 +666,9 @@ class KinetoTrace:
             self._skip("not an event")
             return
         ph = event.get("ph")
+        if type(ph) is not str:
+            self._skip(f"phase {_label(ph)}")
+            return
         if ph == "X":
             category = event.get("cat")
             kind = CATEGORIES.get(category) if type(category) is str else None
@@ -691,7 +696,7 @@ class KinetoTrace:
             end = start
         else:
             length = to_ns(duration)
-            if length is None or length < 0:
+            if length is None or length < 0 or length > MAX_EVENT_NS:
                 self._skip("bad duration")
                 return
             end = start + length
@@ -722,7 +727,7 @@ class KinetoTrace:
                 name, memory = self._memory(name)
                 if memory:
                     extras["memory"][row] = memory
-                size = _uint(args.get("bytes"), 1 << 63) or 0
+                size = _uint(args.get("bytes"), MAX_EVENT_BYTES + 1) or 0
             elif kind == "sync":
                 extras["sync_type"][row] = _text(args.get("cuda_sync_kind") or name)
             else:  # gpu_annotation
@@ -732,7 +737,7 @@ class KinetoTrace:
         else:
             raw_pid, raw_tid = event.get("pid"), event.get("tid")
             pid = raw_pid if type(raw_pid) is int and 0 <= raw_pid < UINT32 else 0
-            tid = raw_tid if type(raw_tid) is int and 0 <= raw_tid <= MAX_NS else 0
+            tid = raw_tid if type(raw_tid) is int and 0 <= raw_tid < 1 << 63 else 0
             if (raw_pid is not None and pid != raw_pid) or (raw_tid is not None and tid != raw_tid):
                 extras["track"][row] = _text(f"{_label(raw_pid)} / {_label(raw_tid)}", 256)
             if kind == "cuda_api":
@@ -809,7 +814,7 @@ class KinetoTrace:
         if what == "process_name" and (pid in self._process_names or len(self._process_names) < MAX_NAMES):
             self._process_names[pid] = _text(label)
         elif what == "thread_name":
-            tid = _uint(event.get("tid"), MAX_NS + 1)
+            tid = _uint(event.get("tid"), 1 << 63)
             if tid is not None and ((pid, tid) in self._thread_names or len(self._thread_names) < MAX_NAMES):
                 self._thread_names[(pid, tid)] = _text(label)
 

@@ -29,8 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agent.gpu import DeviceInfo
-from agent.tracefile import SQLITE_MAGIC, TraceFileError
+from agent.nsys_checks import NsysCheckError, check_tables
+from agent.tracefile import MAX_EVENT_NS, MAX_TIME_NS, SQLITE_MAGIC, TraceFileError, check_regular
+from tracehouse.batch import EVENT_OPTIONAL_COLUMNS
+from tracehouse.model import DEFAULT_LIMITS
 
+MAX_STRING = DEFAULT_LIMITS.max_string_bytes  # longer strings are cut, as Kineto's are
+MAX_NAME = DEFAULT_LIMITS.max_name_bytes  # host, metric and GPU names
 CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
 NONE_32 = 4294967295  # "none" as nsys writes it in 32-bit columns
 PID = "(({col} >> 24) & 16777215)"
@@ -119,14 +124,17 @@ class Export:
         _check_file(path)
         self._stat = path.stat()
         self._sqlite = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        self._sqlite.text_factory = _decoded
+        self.replaced_utf8 = False  # some string was not valid UTF-8: replaced with U+FFFD
         try:
-            self._check_integrity()
-            self.inspection = self._inspect()
-            self._connection = adbc.connect(f"file:{path}?mode=ro")
-            self.strings = self._strings()
-            self._stripped: pa.Array | None = None
-            self.session = self._session()
-            self._link_api_calls()
+            with self._refusing():
+                self._check_integrity()
+                self.inspection = self._inspect()
+                self._connection = adbc.connect(f"file:{path}?mode=ro")
+                self.strings = self._strings()
+                self._stripped: pa.Array | None = None
+                self.session = self._session()
+                self._link_api_calls()
         except BaseException:
             self.close()
             raise
@@ -136,6 +144,15 @@ class Export:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _refusing(self) -> Iterator[None]:
+        """SQLite's errors as one line: a page or record can be corrupt where the integrity check does not
+        look, and SQLite decodes its messages, which may quote the file's bytes, as strict UTF-8."""
+        try:
+            yield
+        except (sqlite3.Error, UnicodeDecodeError) as error:
+            raise NsysError(f"{self.path.name}: corrupt or unreadable SQLite file ({_one_line(error)})") from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -151,9 +168,10 @@ class Export:
         try:
             problems = [row[0] for row in self._sqlite.execute("PRAGMA quick_check(3)")]
         except sqlite3.DatabaseError as error:
-            raise NsysError(f"{self.path.name}: corrupt or truncated SQLite file ({error})") from None
+            raise NsysError(f"{self.path.name}: corrupt or truncated SQLite file ({_one_line(error)})") from None
         if problems != ["ok"]:
-            raise NsysError(f"{self.path.name}: corrupt SQLite file ({'; '.join(problems)[:200]})")
+            found = " ".join("; ".join(map(str, problems)).split())  # a problem can span lines
+            raise NsysError(f"{self.path.name}: corrupt SQLite file ({found[:200]})")
 
     def _inspect(self) -> _Inspection:
         inspection = _Inspection()
@@ -167,19 +185,24 @@ class Export:
     def _strings(self) -> pa.Array:
         """StringIds as one Arrow array indexed by id: names travel as ids and are looked up
         in Arrow, not joined row by row in SQL. Memory grows with distinct strings only."""
-        batches = list(self._read("SELECT id, value FROM StringIds ORDER BY id", "StringIds"))
+        self._check({"StringIds"}, 0, 0)
+        sql = "SELECT id, CAST(value AS TEXT) AS value FROM StringIds ORDER BY id"
+        batches = list(self._read(sql, "StringIds"))
         if not batches:
             return pa.array([], pa.string())
         table = pa.Table.from_batches(batches)
         ids = table.column("id").to_numpy()
         values = table.column("value").combine_chunks()
-        if ids[0] == 0 and ids[-1] == len(ids) - 1:
+        if values.null_count == len(values):  # then ADBC gave it no string type
+            values = values.cast(pa.string())
+        values = pc.fill_null(self._clean(values, MAX_STRING), "")
+        if ids[0] == 0 and ids[-1] == len(ids) - 1 and (np.diff(ids) == 1).all():
             return values
-        if ids.min() < 0:
-            raise NsysError(f"{self.path.name}: StringIds has negative ids")
+        if int(ids.max()) >= 2 * len(ids) + (1 << 20):  # a table of positions as long as the largest id
+            raise NsysError(f"{self.path.name}: StringIds.id: ids up to {ids.max()} for {len(ids)} strings; too sparse")
         position = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
         position[ids] = np.arange(len(ids))
-        return values.take(pa.array(position, mask=position < 0))
+        return pc.fill_null(values.take(pa.array(position, mask=position < 0)), "")  # an id without a string: ""
 
     def _link_api_calls(self) -> None:
         sql = _api_link(self.inspection)
@@ -195,6 +218,38 @@ class Export:
             raise NsysError(f"{self.path.name}: cannot read CUPTI_ACTIVITY_KIND_RUNTIME: {_one_line(error)}") from None
         self.inspection.api_link = True
 
+    def _check(self, tables: set[str] | None, offset: int, strings: int) -> None:
+        """Refuse the file if a column of `tables` (None: all) breaks its rule (agent/nsys_checks.py)."""
+        inspected = self.inspection.tables
+        chosen = inspected if tables is None else {t: c for t, c in inspected.items() if t in tables}
+        try:
+            check_tables(self._sqlite, chosen, self.path.name, offset, strings)
+        except NsysCheckError as error:
+            raise NsysError(str(error)) from None
+
+    def _clean(self, values: pa.Array, limit: int) -> pa.Array:
+        """Strings fit for the store: invalid UTF-8 replaced with U+FFFD, cut to `limit` bytes on a
+        character boundary. Arrow checks them all at once; only bad ones are fixed one by one."""
+        if pa.types.is_dictionary(values.type):
+            return values
+        if not (pa.types.is_string(values.type) or pa.types.is_binary(values.type)):
+            return values
+        try:
+            values.cast(pa.string()).validate(full=True)
+            valid = values.cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            self.replaced_utf8 = True
+            raw = values.cast(pa.binary()).to_pylist()
+            valid = pa.array([None if v is None else v.decode("utf-8", "replace") for v in raw], pa.string())
+        lengths = pc.binary_length(valid)
+        if len(valid) and (pc.max(lengths).as_py() or 0) > limit:
+            long = np.flatnonzero(pc.fill_null(pc.greater(lengths, limit), False).to_numpy(zero_copy_only=False))
+            texts = valid.to_pylist()
+            for row in long:
+                texts[row] = cut(texts[row], limit)
+            valid = pa.array(texts, pa.string())
+        return valid
+
     def check_unchanged(self) -> None:
         """Raise if the file changed since it was opened (it was still being written)."""
         now = self.path.stat()
@@ -208,14 +263,16 @@ class Export:
             row = self._sqlite.execute(sql).fetchone()
         except sqlite3.Error:
             return None
-        return None if row is None else row[0]
+        return None if row is None else _str(row[0]) if isinstance(row[0], bytes) else row[0]
 
     def _session(self) -> Session:
         has = self.inspection.has
         start = None
         if has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
-            start = self._value("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
+            start = self._session_start()
         earliest = self._earliest() if start is None else 0
+        offset = int(start) if start is not None else min(max(0, -earliest), MAX_TIME_NS)
+        self._check(None, offset, len(self.strings))
         metadata = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if has(t, "name", "value")), None)
         version = schema = ""
         if metadata:
@@ -232,13 +289,28 @@ class Export:
             digest=_digest(self.path),
             size=self._stat.st_size,
             start_ns=None if start is None else int(start),
-            offset_ns=int(start) if start is not None else max(0, -earliest),
-            nsys_version=str(version),
-            schema_version=str(schema),
-            host=str(host),
-            command=str(command),
+            offset_ns=offset,
+            nsys_version=cut(str(version), MAX_NAME),
+            schema_version=cut(str(schema), MAX_NAME),
+            host=cut(str(host).strip(), MAX_NAME),
+            command=cut(str(command), 4096),
             gpus=self._gpus(),
         )
+
+    def _session_start(self) -> int | None:
+        """utcEpochNs: an integer time, or the file is refused."""
+        table = "TARGET_INFO_SESSION_START_TIME"
+        row = self._sqlite.execute(f"SELECT typeof(utcEpochNs), utcEpochNs FROM {table} LIMIT 1").fetchone()
+        if row is None or row[0] == "null":
+            return None
+        if row[0] != "integer":
+            raise NsysError(f"{self.path.name}: {table}.utcEpochNs: {row[0]} where an integer belongs (row 1)")
+        if not 0 <= row[1] <= MAX_TIME_NS:
+            raise NsysError(
+                f"{self.path.name}: {table}.utcEpochNs: {row[1]} is out of range for a time (0..{MAX_TIME_NS} ns, "
+                "1970..2200) (row 1)"
+            )
+        return int(row[1])
 
     def _version_from_paths(self) -> str:
         sources = ["SELECT value FROM StringIds WHERE value LIKE '%ight%ystems%' LIMIT 50"]
@@ -271,7 +343,7 @@ SELECT {col(table, "g", "cuDevice", "g.id")}, {col(table, "g", "uuid", "''")}, {
        {col(table, "g", "totalMemory", "0")}, {col(table, "g", "smCount", "0")},
        {col(table, "g", "busLocation", "''")}, {col(table, "g", "chipName", "''")},
        {col(table, "g", "computeMajor", "0")}, {col(table, "g", "computeMinor", "0")}
-FROM {table} AS g ORDER BY g.id"""
+FROM {table} AS g WHERE {col(table, "g", "cuDevice", "g.id")} IS NOT NULL ORDER BY g.id"""
         driver = ""
         if self.inspection.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
             driver = self._value("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'NvDriverVersion'") or ""
@@ -280,13 +352,13 @@ FROM {table} AS g ORDER BY g.id"""
             gpus.append(
                 DeviceInfo(
                     index=int(index),
-                    uuid=_gpu_uuid(str(uuid)),
-                    name=str(name),
+                    uuid=cut(_gpu_uuid(_str(uuid)), MAX_NAME),
+                    name=cut(_str(name), MAX_NAME),
                     memory_total=max(0, int(memory)),
-                    sm_count=max(0, int(sms)) if int(sms) != NONE_32 else 0,
-                    pci_bus_id=str(bus),
-                    driver=str(driver),
-                    attrs={"chip": str(chip), "compute_capability": f"{major}.{minor}"},
+                    sm_count=int(sms) if 0 <= int(sms) < NONE_32 else 0,
+                    pci_bus_id=cut(_str(bus), MAX_NAME),
+                    driver=cut(_str(driver), MAX_NAME),
+                    attrs={"chip": cut(_str(chip), MAX_NAME), "compute_capability": f"{major}.{minor}"},
                 )
             )
         return tuple(gpus)
@@ -296,9 +368,11 @@ FROM {table} AS g ORDER BY g.id"""
     def process_names(self, pids: set[int]) -> dict[int, str]:
         names: dict[int, str] = {}
         if self.inspection.has("PROCESSES", "pid", "name"):
-            for pid, name in self._sqlite.execute("SELECT pid, name FROM PROCESSES WHERE name IS NOT NULL"):
+            with self._refusing():
+                rows = self._sqlite.execute("SELECT pid, name FROM PROCESSES WHERE name IS NOT NULL").fetchall()
+            for pid, name in rows:
                 if pid in pids:
-                    names[int(pid)] = str(name)
+                    names[int(pid)] = cut(_str(name), MAX_STRING)
         for (pid, _), name in self.thread_names({(p, p) for p in pids - set(names)}).items():
             names[pid] = name  # a process without a PROCESSES row: its main thread's name
         return names
@@ -311,9 +385,11 @@ FROM {table} AS g ORDER BY g.id"""
 SELECT {PID.format(col="t.globalTid")}, {TID.format(col="t.globalTid")}, s.value
 FROM ThreadNames AS t JOIN StringIds AS s ON s.id = t.nameId
 ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
-        for pid, tid, name in self._sqlite.execute(sql):
+        with self._refusing():
+            rows = self._sqlite.execute(sql).fetchall()
+        for pid, tid, name in rows:
             if (pid, tid) in threads:
-                names[(int(pid), int(tid))] = str(name)
+                names[(int(pid), int(tid))] = cut(_str(name), MAX_STRING)
         return names
 
     # -- events -----------------------------------------------------------------------
@@ -347,6 +423,11 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
                 raise NsysError(f"{self.path.name}: {source.table} has {backwards} rows that end before they start")
             if pc.min(batch.column("start")).as_py() < 0:
                 raise NsysError(f"{self.path.name}: {source.table} has rows before 1970 once made absolute")
+            if pc.max(batch.column("end")).as_py() > MAX_TIME_NS:
+                raise NsysError(f"{self.path.name}: {source.table} has rows that end after 2200 once made absolute")
+            if pc.max(pc.subtract(batch.column("end"), batch.column("start"))).as_py() > MAX_EVENT_NS:
+                raise NsysError(f"{self.path.name}: {source.table} has rows that last longer than 366 days")
+            batch = _defaults(batch)
             if depth is not None:
                 batch = depth.apply(batch)
             if "kind" not in batch.schema.names:
@@ -367,8 +448,10 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
             strip = source.api_names and column == "name"
             if pa.types.is_integer(field_.type):
                 values = self._lookup(values, source, column, strip)
-            elif strip:
-                values = pc.replace_substring_regex(values, pattern=API_SUFFIX, replacement="")
+            else:
+                values = self._clean(values, MAX_STRING)
+                if strip:
+                    values = pc.replace_substring_regex(values, pattern=API_SUFFIX, replacement="")
             batch = batch.set_column(index, column, values)
         return batch
 
@@ -389,7 +472,7 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
         """GPU metrics sampled by nsys (--gpu-metrics-devices): ts, gpu, metric, value."""
         if not self.inspection.has("GPU_METRICS", "timestamp", "typeId", "metricId", "value"):
             return
-        names = "COALESCE(t.metricName, 'metric ' || g.metricId)"
+        names = "COALESCE(NULLIF(CAST(t.metricName AS TEXT), ''), 'metric ' || g.metricId)"
         join = ""
         if self.inspection.has("TARGET_INFO_GPU_METRICS", "typeId", "metricId", "metricName"):
             join = """LEFT JOIN (SELECT typeId, metricId, min(metricName) AS metricName
@@ -401,8 +484,10 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
 SELECT g.timestamp + {self.session.offset_ns} AS ts, (g.typeId & 255) AS gpu, {names} AS metric,
        CAST(g.value AS REAL) AS value
 FROM GPU_METRICS AS g {join}
-WHERE g.timestamp IS NOT NULL AND g.value IS NOT NULL"""
-        yield from self._read(sql, "GPU_METRICS")
+WHERE g.timestamp IS NOT NULL AND g.value IS NOT NULL AND g.typeId IS NOT NULL AND g.metricId IS NOT NULL"""
+        for batch in self._read(sql, "GPU_METRICS"):
+            index = batch.schema.get_field_index("metric")
+            yield batch.set_column(index, "metric", self._clean(batch.column(index), MAX_NAME))
 
     def _read(self, sql: str, table: str) -> Iterator[pa.RecordBatch]:
         try:
@@ -414,8 +499,26 @@ WHERE g.timestamp IS NOT NULL AND g.value IS NOT NULL"""
                 for batch in cursor.fetch_record_batch():
                     if batch.num_rows:
                         yield batch
-        except adbc.Error as error:
+        except (adbc.Error, OSError, pa.ArrowException) as error:  # a file changed since it was checked
             raise NsysError(f"{self.path.name}: cannot read {table}: {_one_line(error)}") from None
+
+
+def _decoded(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _str(value: Any) -> str:
+    """A value read through sqlite3 as text: a blob decoded, NULL empty."""
+    if isinstance(value, bytes):
+        return _decoded(value)
+    return "" if value is None else str(value)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` in at most `limit` bytes of UTF-8, cut on a character boundary."""
+    if len(text) * 4 <= limit:
+        return text
+    return text.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
 def _one_line(error: BaseException) -> str:
@@ -423,8 +526,10 @@ def _one_line(error: BaseException) -> str:
 
 
 def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise NsysError(f"{path}: no such file")
+    try:
+        check_regular(path)
+    except TraceFileError as error:
+        raise NsysError(str(error)) from None
     for suffix in ("-journal", "-wal"):
         if path.with_name(path.name + suffix).exists():
             raise NsysError(f"{path.name}: still being written ({path.name}{suffix} exists); import it when done")
@@ -602,14 +707,14 @@ def _nvtx(inspection: _Inspection, session: Session | None) -> Source | None:
         return None
     offset = _offset(session)
     has = inspection.has
-    text = "n.text" if has(table, "text") else "NULL"
+    text = "CAST(n.text AS TEXT)" if has(table, "text") else "NULL"
     registered = "sid.value" if has(table, "textId") else "NULL"
     label = f"COALESCE({registered}, {text}, '')"
     joins = []
     name = label
     if has(table, "domainId", "text"):
         joins.append(f"""
-LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, min(text) AS name FROM {table}
+LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, CAST(min(text) AS TEXT) AS name FROM {table}
            WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY 1, 2) AS d
     ON d.id = n.domainId AND d.pid = {PID.format(col="n.globalTid")}""")
         name = f"CASE WHEN d.name IS NOT NULL THEN d.name || ':' || {label} ELSE {label} END"
@@ -620,7 +725,7 @@ LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, min(text
         joins.append("LEFT JOIN StringIds AS jt ON jt.id = n.jsonTextId")
         json = _as("COALESCE(jt.value, '')", "x:json")
     elif has(table, "jsonText"):
-        json = _as("COALESCE(n.jsonText, '')", "x:json")
+        json = _as("COALESCE(CAST(n.jsonText AS TEXT), '')", "x:json")
     marks = ", ".join(map(str, NVTX_MARK))
     ranges = ", ".join(map(str, NVTX_PUSHPOP + NVTX_STARTEND))
     end = 'n."end"' if has(table, "end") else "NULL"
@@ -659,6 +764,17 @@ FROM {table} AS e"""  # fmt: skip
         return Source(kind, table, sql)
 
     return make
+
+
+def _defaults(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """NULL in an optional column (a file may leave any cell empty) is the column's default: 0 in launch
+    columns."""
+    for index, field_ in enumerate(batch.schema):
+        default = EVENT_OPTIONAL_COLUMNS.get(field_.name, 0 if field_.name.startswith("l:") else None)
+        if default is not None and batch.column(index).null_count:
+            filled = pc.fill_null(batch.column(index).cast(pa.int64()), default)
+            batch = batch.set_column(index, field_.name, filled)
+    return batch
 
 
 def _launch(batch: pa.RecordBatch) -> pa.RecordBatch:

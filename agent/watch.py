@@ -91,5 +91,7 @@ class FolderWatcher:
             log.info("imported %s as run %s: %s", path.name, result.run_id, result.events)
         except TraceFileError as error:
             log.error("cannot import %s: %s", path.name, error)
+        except Exception as error:  # a defect in a reader: one line, and the watch goes on
+            log.error("cannot import %s: %s: %s", path.name, type(error).__name__, str(error).splitlines()[:1])
         self._done[str(path)] = key
         self._save()

@@ -198,6 +198,22 @@ def test_importing_again_changes_nothing(writer: BatchWriter, client: Client) ->
     assert len(client.runs()) == 1
 
 
+def test_importing_a_finished_file_again_under_a_new_name_renames_the_run(
+    tmp_path: Path, address: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "x.sqlite"
+    write_export(path, Spec(steps=2))
+    errors = io.StringIO()
+    monkeypatch.setattr("sys.stderr", errors)  # not a terminal: no progress bar
+    assert main(["import", "--server", address, str(path)]) == 0
+    assert main(["import", "--server", address, "--run-name", "renamed", "--tag", "team=perf", str(path)]) == 0, (
+        errors.getvalue()
+    )
+    runs = client.runs()
+    assert len(runs) == 1 and runs["name"][0] == "renamed" and runs["tags"][0] == {"team": "perf"}
+    assert not client.summary("kernels", run=runs["run_id"][0]).empty, "the run is still visible, not importing"
+
+
 @needs_fixtures
 def test_gpu_work_is_linked_to_the_call_that_launched_it(writer: BatchWriter, client: Client) -> None:
     path = NSYS / "nsys-2026.1-test-cuda.sqlite"
