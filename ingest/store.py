@@ -568,19 +568,10 @@ class Store:
     def _confine(self, text: str, sql: str, started: float) -> None:
         """Refuse the text unless the engine's parse of it passes sqlguard; the parse is of the text
         that runs, with the format clause the client appends (only its name differs)."""
-        limits = self.limits
-        client = self._connect({"max_execution_time": limits.sql_max_seconds, "readonly": 1})
-        try:
-            client.database = self.location.database
+        settings = {"max_execution_time": self.limits.sql_max_seconds, "readonly": 1}
+        with self._user_client(settings, sql, started) as client:
             dump = client.raw_query(f"EXPLAIN AST {text}", fmt=_AST_FORMAT)
             databases = [str(row[0]) for row in client.query("SELECT name FROM system.databases").result_rows]
-        except DatabaseError as error:
-            raise _sql_rejection(error, sql, limits, started) from error
-        except ClickHouseError as error:
-            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
         lines = dump.decode("utf-8", "replace").split("\n")
         if lines and not lines[-1]:
             lines.pop()
@@ -603,12 +594,19 @@ class Store:
             **({"distributed_product_mode": "allow"} if self.layout.cluster else {}),
             "readonly": 1,  # last: once set, the session may change no other setting
         }
+        with self._user_client(settings, sql, started) as client:
+            return bytes(client.raw_query(text, fmt="ArrowStream"))
+
+    @contextlib.contextmanager
+    def _user_client(self, settings: Mapping[str, Any], sql: str, started: float) -> Iterator[Client]:
+        """A client of its own for user SQL (the engine keeps settings per session, and readonly must
+        not leak to writers), closed after; the engine's refusals as SqlRejected."""
         client = self._connect(settings)
         try:
             client.database = self.location.database
-            return bytes(client.raw_query(text, fmt="ArrowStream"))
+            yield client
         except DatabaseError as error:
-            raise _sql_rejection(error, sql, limits, started) from error
+            raise _sql_rejection(error, sql, self.limits, started) from error
         except ClickHouseError as error:
             raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
         finally:

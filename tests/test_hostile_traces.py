@@ -30,6 +30,7 @@ from agent.tracefile import TraceFileError
 from agent.watch import FolderWatcher
 from agent.writer import BatchWriter
 from query.client import Client
+from tests.fuzz_worker import Sink
 from tests.helpers import import_refused
 from tracehouse.v1 import batch_pb2
 
@@ -183,17 +184,6 @@ def test_times_out_of_range_are_skipped_so_no_sum_overflows(tmp_path: Path, writ
     assert result.skipped == {"bad duration": 1, "time out of range": 1}
 
 
-class MemorySink:
-    def __init__(self) -> None:
-        self.batches: list[batch_pb2.Batch] = []
-
-    def write(self, batch: batch_pb2.Batch) -> None:
-        self.batches.append(batch)
-
-    def flush(self) -> None:
-        pass
-
-
 HOSTILE_VALUES: tuple[Any, ...] = ({}, [], [1, [2]], {"a": {}}, "1", "", True, None, 1.5, -1, 2**64 + 1, 10**30,
                                    "x" * 5000)  # fmt: skip
 EVENT_FIELDS = ("ph", "cat", "ts", "dur", "pid", "tid", "name", "args", "id")
@@ -219,7 +209,7 @@ def test_wrong_types_in_any_event_field_are_skipped_or_taken_as_absent(tmp_path:
         events += [{**event, "args": {**args, key: value}} for key in ARGS_FIELDS for value in HOSTILE_VALUES]
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 0}))
-    sink = MemorySink()
+    sink = Sink()
     result = import_export(path, sink, host="h")
     for batch in sink.batches:
         validate_batch(batch, DEFAULT_LIMITS, time.time_ns())
@@ -236,7 +226,7 @@ def test_an_unpaired_surrogate_after_the_events_is_refused(tmp_path: Path) -> No
 
     path.write_text(json.dumps({"traceEvents": [event], "traceName": "\ud800"}))
     with pytest.raises(TraceFileError, match="unpaired UTF-16 surrogate") as refused:
-        import_export(path, MemorySink(), host="h")
+        import_export(path, Sink(), host="h")
     assert path.name in str(refused.value) and "\n" not in str(refused.value)
 
 
@@ -372,7 +362,7 @@ def test_sqlite_errors_are_refused_in_one_line(make: Callable[[Path], None], rea
     path = tmp_path / "trace.sqlite"
     make(path)
     with pytest.raises(TraceFileError, match=reason) as refused:
-        import_export(path, MemorySink(), host="h")
+        import_export(path, Sink(), host="h")
     assert path.name in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
@@ -409,13 +399,13 @@ def test_empty_cells_in_an_export_take_the_columns_defaults(tmp_path: Path) -> N
 
     path = tmp_path / "nulls.sqlite"
     _sql(*NULLS)(path)
-    sink = MemorySink()
+    sink = Sink()
     result = import_export(path, sink, host="h")
     for batch in sink.batches:
         validate_batch(batch, DEFAULT_LIMITS, time.time_ns())
     clean = tmp_path / "clean.sqlite"
     write_export(clean, Spec(steps=2))
-    expected = import_export(clean, MemorySink(), host="h")
+    expected = import_export(clean, Sink(), host="h")
     assert result.events == expected.events and result.samples == expected.samples - 2, "a metric needs its GPU"
     assert result.devices == expected.devices - 1
     kernels = next(b.events for b in sink.batches if b.batch_id.endswith("/kernel/000000"))
@@ -425,11 +415,11 @@ def test_empty_cells_in_an_export_take_the_columns_defaults(tmp_path: Path) -> N
 def test_a_string_table_of_nulls_only_leaves_every_name_empty(tmp_path: Path) -> None:
     path = tmp_path / "nameless.sqlite"
     _sql(*_nullable("StringIds"), "UPDATE StringIds SET value = NULL")(path)
-    sink = MemorySink()
+    sink = Sink()
     result = import_export(path, sink, host="h")
     clean = tmp_path / "clean.sqlite"
     write_export(clean, Spec(steps=2))
-    assert result.events == import_export(clean, MemorySink(), host="h").events
+    assert result.events == import_export(clean, Sink(), host="h").events
     kernels = next(b for b in sink.batches if b.batch_id.endswith("/kernel/000000"))
     assert {kernels.dictionary[code] for code in kernels.events.name} == {""}
 
