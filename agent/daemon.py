@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from agent.batcher import Batcher
-from agent.gpu import GpuBackend
-from agent.host import HostSampler
-from agent.presence import announce
-from agent.runspool import replay_spools
-from agent.sampler import Sampler
-from agent.schedule import run_fixed_rate
-from agent.shipper import Shipper
-from agent.spool import Spool
-from agent.stats import Stats
+from agent.runs.presence import announce
+from agent.runs.runspool import replay_spools
+from agent.shipping.batcher import Batcher
+from agent.shipping.shipper import Shipper
+from agent.shipping.spool import Spool
+from agent.shipping.stats import Stats
+from agent.telemetry.gpu import GpuBackend
+from agent.telemetry.host import HostSampler
+from agent.telemetry.sampler import Sampler
+from agent.telemetry.schedule import run_fixed_rate
 from tracehouse import config
 from tracehouse.channel import ClientSecurity
 from tracehouse.ids import make_run_id
@@ -78,7 +78,7 @@ class Agent:
         self._presence: IO[str] | None = None
         self.watcher = None
         if config.watch is not None:
-            from agent.watch import FolderWatcher, ShipperSink
+            from agent.traces.watch import FolderWatcher, ShipperSink
 
             self.watcher = FolderWatcher(
                 config.watch,
@@ -209,9 +209,9 @@ class Agent:
 def open_backend(simulate: int | None) -> GpuBackend:
     """The simulated backend with `simulate` GPUs, or NVML (BackendUnavailable without a driver)."""
     if simulate:
-        from agent.simulated import SimulatedBackend
+        from agent.telemetry.simulated import SimulatedBackend
 
         return SimulatedBackend(simulate)
-    from agent.nvml import NvmlBackend
+    from agent.telemetry.nvml import NvmlBackend
 
     return NvmlBackend()

@@ -18,6 +18,7 @@ from ingest.schema import (
     quote,
     render,
 )
+from tracehouse.model import ROLLUP_SECONDS
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,6 @@ INGEST_BATCHES = Table(
 
 # Rollups of `samples` per second and per minute. min/max/sum/count rather than avg, so
 # that any coarser bucket made of them has an exact average.
-ROLLUP_SECONDS = {"samples_1s": 1, "samples_1m": 60}
 
 
 def _rollup(name: str, seconds: int) -> tuple[Table, View]:

@@ -3,48 +3,66 @@
 The store URL decides the engine: `chdb://PATH` (embedded, in this process) or
 `http(s)://user:password@host:port/database` (a ClickHouse server). Nothing outside this
 module knows which one is behind it.
+
+Beside it: ingest/location.py (the store URL), ingest/storeerrors.py (its errors),
+ingest/storefolder.py (the embedded store's folder checks), ingest/usersql.py (users' SQL);
+their names that callers use are importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
-import os
 import queue
 import re
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
-import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
-from ingest import sqlguard
+from ingest.location import StoreLocation, parse_store_url, with_password
 from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
 from ingest.schema import Layout, render, retention_ddl, ttl_expression
+from ingest.storeerrors import (
+    BatchConflict,
+    BatchRefused,
+    SqlRejected,
+    StoreError,
+    StoreNotWritable,
+    StoreUnavailable,
+    clean_error,
+    error_code,
+)
+from ingest.storefolder import held_by_another_process, not_writable
+from ingest.usersql import UserSql, ipc_bytes
 from ingest.validate import ValidatedBatch
 from tracehouse.model import Limits
+
+__all__ = [
+    "TABLES",
+    "BatchConflict",
+    "BatchRefused",
+    "SqlRejected",
+    "Store",
+    "StoreError",
+    "StoreLocation",
+    "StoreNotWritable",
+    "StoreUnavailable",
+    "WriteResult",
+    "ipc_bytes",
+    "parse_store_url",
+    "with_password",
+    "without_materialized_cte",
+]
 
 log = logging.getLogger(__name__)
 
 TABLES = ("samples", "events", "runs", "devices")
-_DATABASE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_CODE = re.compile(r"Code: (\d+)")
-
-# ClickHouse error codes that mean the user's SQL was refused, by what it asked for.
-_READONLY = {164, 497}  # READONLY, ACCESS_DENIED
-_TOO_LARGE = {158, 241, 396}  # TOO_MANY_ROWS, MEMORY_LIMIT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES
-_TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
-_SYNTAX_ERROR = 62
 # Codes with which the engine refuses an insert for what its rows hold: the batch, not the store, is wrong.
 _BAD_DATA = {
     6, 27, 38, 41, 53, 69, 70, 72,  # CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE
@@ -53,128 +71,13 @@ _BAD_DATA = {
 # How an engine says that its files refuse writes: READONLY disk or table, no space, or the OS's errno.
 _NOT_WRITABLE_CODES = {242, 243}  # TABLE_IS_READ_ONLY, NOT_ENOUGH_SPACE
 _NOT_WRITABLE_TEXT = re.compile(r"Read-only file system|Permission denied|Operation not permitted|No space left")
-# Only the wording of an error depends on these: the engine and the subquery wrapping refuse.
-_NOT_A_QUERY = re.compile(
-    r"\b(INSERT|DROP|ALTER|TRUNCATE|CREATE|DELETE|UPDATE|RENAME|KILL|SYSTEM|OPTIMIZE|ATTACH|DETACH|GRANT|"
-    r"REVOKE|SET|USE|EXCHANGE|UNDROP|INTO\s+OUTFILE)\b",
-    re.IGNORECASE,
-)
-_COMMENTS = re.compile(r"(--[^\n]*|/\*.*?\*/)", re.DOTALL)
 _MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
-_AST_FORMAT = "TabSeparatedRaw"  # one EXPLAIN AST line a row, as the engine wrote it
-_VERSION = re.compile(r"\s*\(version [^)]*\)")
-
-
-class StoreError(Exception):
-    """Base of the store's errors."""
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached or failed; retrying later is safe."""
-
-
-class StoreNotWritable(StoreUnavailable):
-    """The embedded store's folder refuses writes. The message says so without the path (it
-    goes to clients); `folder` and `cause` are for the operator."""
-
-    def __init__(self, folder: str, cause: str) -> None:
-        super().__init__(f"the store cannot write to its folder ({cause}); the server's log names it")
-        self.folder = folder
-        self.cause = cause
-
-    def for_operator(self) -> str:
-        return f"the store folder {self.folder} is not writable ({self.cause})"
-
-
-class BatchConflict(StoreError):
-    """The batch_id was stored before with other content."""
-
-
-class BatchRefused(StoreError):
-    """The engine refused a batch's rows for what they hold: sending it again cannot help."""
-
-
-class SqlRejected(StoreError):
-    """User SQL refused by the engine; `reason` is readonly, too_large or invalid."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class StoreLocation:
-    engine: str  # "chdb" or "http"
-    dsn: str  # what clickhouse-connect is given
-    database: str
-    display: str  # the URL without its password, for logs and messages
-
-    def client(self, settings: Mapping[str, Any] | None = None) -> Client:
-        """A new clickhouse-connect client. It takes no scheme from a DSN (https:// would go
-        out as plain HTTP, password and all, on any port but 443 and 8443): passed apart."""
-        interface = urlsplit(self.dsn).scheme if self.engine == "http" else None
-        return clickhouse_connect.get_client(dsn=self.dsn, interface=interface, settings=dict(settings or {}))
 
 
 @dataclass(frozen=True)
 class WriteResult:
     duplicate: bool
     rows: Mapping[str, int]
-
-
-def parse_store_url(url: str, database: str = "tracehouse") -> StoreLocation:
-    """`chdb://PATH` or `http(s)://user:password@host:port/database`; raises ValueError."""
-    if url.startswith("chdb://"):
-        path = url[len("chdb://") :]
-        if not path:
-            raise ValueError("store URL chdb:// needs a folder, e.g. chdb:///var/lib/tracehouse/store")
-        folder = Path(path).expanduser().resolve()
-        return StoreLocation("chdb", f"chdb://{folder}", database, f"chdb://{folder}")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"store URL {_redact(url)!r}: use chdb://PATH or http(s)://user:password@host:port/database")
-    name = unquote(parts.path.strip("/")) or database
-    if not _DATABASE.fullmatch(name):
-        raise ValueError(f"store URL {_redact(url)!r}: {name!r} is not a database name")
-    # the store creates its database: a DSN's database goes with every request, and a
-    # server refuses one that does not exist yet
-    return StoreLocation("http", parts._replace(path="").geturl(), name, _redact(url))
-
-
-def with_password(url: str, password: str) -> str:
-    """The store URL with a password given apart from it (a file, the environment)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"store URL {_redact(url)!r}: a password goes with an http(s):// store")
-    if parts.password is not None:
-        raise ValueError(f"store URL {_redact(url)!r} has a password already: give it once")
-    if not password:
-        raise ValueError("the store password is empty")
-    user_info, _, host = parts.netloc.rpartition("@")
-    user = user_info or "default"  # as written: already %-escaped
-    return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}").geturl()
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = quote(parts.username or "")
-    return parts._replace(netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")).geturl()
-
-
-def _error_code(error: BaseException) -> int | None:
-    match = _CODE.search(str(error))
-    return int(match.group(1)) if match else None
-
-
-def _clean(error: BaseException) -> str:
-    text = str(error).strip()
-    start = text.find("DB::Exception:")
-    if start >= 0:
-        text = text[start + len("DB::Exception:") :].strip()
-    text = re.sub(r"^[\w.-]+: (?=Cannot execute)", "", text)  # engine user name prefix
-    return text.split("\n", 1)[0][:2000]
 
 
 class _ClientPool:
@@ -244,7 +147,7 @@ class Store:
         # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
         self.materialized_cte = False
         self._closed = False
-        self._sql_slots = threading.BoundedSemaphore(max(1, limits.sql_max_concurrent))  # user SQL at once
+        self._user_sql = UserSql(location, limits, self.layout.cluster, self._connect)
         self._fault: StoreNotWritable | None = None  # while the folder refuses writes
         self._listeners: list[Callable[[bool], None]] = []
         self._health_lock = threading.Lock()
@@ -293,16 +196,7 @@ class Store:
     def _not_writable(self) -> StoreNotWritable | None:
         """Whether the embedded store's folder takes a new file, now (a file made and removed)."""
         folder = self._folder()
-        if folder is None:
-            return None
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            descriptor, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
-            os.close(descriptor)
-            os.unlink(probe)
-        except OSError as error:
-            return StoreNotWritable(str(folder), error.strerror or type(error).__name__)
-        return None
+        return None if folder is None else not_writable(folder)
 
     def _folder_fault(self, fault: StoreNotWritable) -> StoreNotWritable:
         with self._health_lock:
@@ -326,14 +220,7 @@ class Store:
     def _held_by_another_process(self) -> bool:
         """Whether another process holds the embedded store's lock (the engine's `status` file)."""
         folder = self._folder()
-        if folder is None:
-            return False
-        try:
-            with open(folder / "status", "rb") as status:
-                fcntl.flock(status, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as error:
-            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-        return False
+        return folder is not None and held_by_another_process(folder)
 
     def _has_setting(self, name: str) -> bool:
         with self._client() as client:
@@ -357,7 +244,9 @@ class Store:
             hint = ""
             if self.location.engine == "chdb" and self._held_by_another_process():
                 hint = " (another process holds it: is another tracehouse serve on it?)"
-            raise StoreUnavailable(f"cannot reach the store {self.location.display}: {_clean(error)}{hint}") from error
+            raise StoreUnavailable(
+                f"cannot reach the store {self.location.display}: {clean_error(error)}{hint}"
+            ) from error
 
     @contextlib.contextmanager
     def _client(self, failure: type[StoreError] = StoreUnavailable) -> Iterator[Client]:
@@ -366,14 +255,14 @@ class Store:
             with self._pool.client() as client:
                 yield client
         except OperationalError as error:
-            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
+            raise StoreUnavailable(f"store {self.location.display}: {clean_error(error)}") from error
         except ClickHouseError as error:
-            if _error_code(error) in _NOT_WRITABLE_CODES or _NOT_WRITABLE_TEXT.search(str(error)):
+            if error_code(error) in _NOT_WRITABLE_CODES or _NOT_WRITABLE_TEXT.search(str(error)):
                 fault = self._not_writable()
                 if fault is not None:
                     raise self._folder_fault(fault) from error
                 failure = StoreUnavailable
-            raise failure(f"store {self.location.display}: {_clean(error)}") from error
+            raise failure(f"store {self.location.display}: {clean_error(error)}") from error
 
     # -- schema -------------------------------------------------------------------------
 
@@ -465,11 +354,11 @@ class Store:
                             },
                         )
                     except DatabaseError as error:
-                        if _error_code(error) not in _BAD_DATA:
+                        if error_code(error) not in _BAD_DATA:
                             raise
                         # validation lets through nothing the engine refuses: a gap there, logged
-                        log.error("the store refused %s of batch %s: %s", table, batch.batch_id, _clean(error))
-                        raise BatchRefused(f"{table}: the store refused these rows: {_clean(error)}") from error
+                        log.error("the store refused %s of batch %s: %s", table, batch.batch_id, clean_error(error))
+                        raise BatchRefused(f"{table}: the store refused these rows: {clean_error(error)}") from error
             client.insert_arrow(
                 f"{self.db}.ingest_batches",
                 pa.table(
@@ -535,83 +424,7 @@ class Store:
         readonly must not leak to writers.
         """
         self.ensure_ready()
-        limits = self.limits
-        max_rows = min(max_rows or limits.sql_max_rows, limits.sql_max_rows)
-        text = sqlguard.wrap(sql)
-        with self._user_sql_slot():
-            started = time.monotonic()
-            self._confine(text, sql, started)
-            data = self._run_user_sql(text, sql, max_rows, started)
-        if not data:
-            return data, 0, False
-        table = pa.ipc.open_stream(data).read_all()
-        keep = min(max_rows, table.num_rows)
-        if table.nbytes > limits.sql_max_bytes:
-            keep = min(keep, int(table.num_rows * limits.sql_max_bytes / table.nbytes))
-        if keep == table.num_rows:
-            return data, keep, False
-        return ipc_bytes(table.slice(0, keep)), keep, True
-
-    @contextlib.contextmanager
-    def _user_sql_slot(self) -> Iterator[None]:
-        """One of the sql_max_concurrent places for user SQL, waited for sql_queue_seconds at most."""
-        if not self._sql_slots.acquire(timeout=self.limits.sql_queue_seconds):
-            raise SqlRejected(
-                "too_large",
-                f"sql: {self.limits.sql_max_concurrent} queries are running, the most at once: try again shortly",
-            )
-        try:
-            yield
-        finally:
-            self._sql_slots.release()
-
-    def _confine(self, text: str, sql: str, started: float) -> None:
-        """Refuse the text unless the engine's parse of it passes sqlguard; the parse is of the text
-        that runs, with the format clause the client appends (only its name differs)."""
-        settings = {"max_execution_time": self.limits.sql_max_seconds, "readonly": 1}
-        with self._user_client(settings, sql, started) as client:
-            dump = client.raw_query(f"EXPLAIN AST {text}", fmt=_AST_FORMAT)
-            databases = [str(row[0]) for row in client.query("SELECT name FROM system.databases").result_rows]
-        lines = dump.decode("utf-8", "replace").split("\n")
-        if lines and not lines[-1]:
-            lines.pop()
-        reason = sqlguard.refusal(lines, _AST_FORMAT, self.location.database, databases)
-        if reason:
-            raise SqlRejected("readonly", reason)
-
-    def _run_user_sql(self, text: str, sql: str, max_rows: int, started: float) -> bytes:
-        limits = self.limits
-        settings = {
-            "max_execution_time": limits.sql_max_seconds,
-            # the bound is on all user SQL together: each of the queries at once gets its share
-            "max_memory_usage": limits.sql_max_memory_bytes // max(1, limits.sql_max_concurrent),
-            "max_result_rows": max_rows + 1,
-            # the engine stops past twice the limit; the cut to the limit is made here, so
-            # that a result cut for its size is known to be cut
-            "max_result_bytes": 2 * limits.sql_max_bytes,
-            "result_overflow_mode": "break",
-            # on a cluster: GLOBAL subqueries are refused under readonly; each shard runs its own
-            **({"distributed_product_mode": "allow"} if self.layout.cluster else {}),
-            "readonly": 1,  # last: once set, the session may change no other setting
-        }
-        with self._user_client(settings, sql, started) as client:
-            return bytes(client.raw_query(text, fmt="ArrowStream"))
-
-    @contextlib.contextmanager
-    def _user_client(self, settings: Mapping[str, Any], sql: str, started: float) -> Iterator[Client]:
-        """A client of its own for user SQL (the engine keeps settings per session, and readonly must
-        not leak to writers), closed after; the engine's refusals as SqlRejected."""
-        client = self._connect(settings)
-        try:
-            client.database = self.location.database
-            yield client
-        except DatabaseError as error:
-            raise _sql_rejection(error, sql, self.limits, started) from error
-        except ClickHouseError as error:
-            raise StoreUnavailable(f"store {self.location.display}: {_clean(error)}") from error
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
+        return self._user_sql.run(sql, max_rows)
 
     def ping(self) -> bool:
         try:
@@ -664,31 +477,5 @@ def without_materialized_cte(sql: str) -> str:
     return _MATERIALIZED_CTE.sub("AS (", sql).replace("\nSETTINGS enable_materialized_cte = 1", "")
 
 
-def ipc_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
 def _describe(rows: Mapping[str, int]) -> str:
     return ", ".join(f"{count} {table}" for table, count in rows.items() if count) or "no rows"
-
-
-def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: float) -> SqlRejected:
-    code = _error_code(error)
-    message = _VERSION.sub("", _clean(error))
-    statement = _NOT_A_QUERY.search(_COMMENTS.sub(" ", sql)) if code == _SYNTAX_ERROR else None
-    if statement:
-        verb = " ".join(statement.group(1).upper().split())
-        return SqlRejected("readonly", f"read-only: only queries (SELECT, WITH) run here, not {verb}")
-    if code in _READONLY:
-        return SqlRejected("readonly", f"read-only: SQL here may only read data ({message})")
-    if code in _TIMEOUT:
-        return SqlRejected(
-            "too_large",
-            f"query ran past the {limits.sql_max_seconds:g} s limit ({time.monotonic() - started:.1f} s)",
-        )
-    if code in _TOO_LARGE:
-        return SqlRejected("too_large", f"query exceeded a size limit: {message}")
-    return SqlRejected("invalid", message)

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from query.lanes import LANE_COLUMNS
 from tracehouse.channel import ClientSecurity, explain, open_channel
 from tracehouse.config import default_server
+from tracehouse.model import LANE_COLUMNS
 from tracehouse.timefmt import parse_time
 from tracehouse.v1 import query_pb2, query_pb2_grpc
 

@@ -8,15 +8,8 @@ and stream; everything else per kind, process, thread and nesting depth.
 
 from __future__ import annotations
 
-from query.analysis import GPU_WORK, NS, WORK_KINDS, Query
+from query.gpuwork import NS, WORK_KINDS, Query
 from query.window import Predicates, ns
-
-LANE_COLUMNS = ("lane", "host", "gpu", "stream", "pid", "tid", "depth")
-
-
-def lane_of(kind: str) -> str:
-    """The lane family of an event kind: `gpu` for GPU work, else the kind itself."""
-    return "gpu" if kind in GPU_WORK else kind
 
 
 def event_span(where: Predicates) -> Query:

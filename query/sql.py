@@ -8,8 +8,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from ingest.migrations import ROLLUP_SECONDS
 from query.window import Predicates, QueryError, ns
+from tracehouse.model import ROLLUP_SECONDS
 from tracehouse.timefmt import NS_PER_S
 
 MAX_SERIES_SPAN_NS = 100 * 365 * 86_400 * NS_PER_S
@@ -222,7 +222,7 @@ SUMMARIES: dict[str, SummaryKind] = {
     "kernels": SummaryKind(("kernel",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "api": SummaryKind(("cuda_api",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "memops": SummaryKind(("memcpy", "memset"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
-    # NVTX ranges, and the phases and steps that tracehouse.training records
+    # NVTX ranges, and the phases and steps that agent.training records
     "nvtx": SummaryKind(("nvtx", "phase", "step"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "memsize": SummaryKind(("memcpy", "memset"), "toInt64(bytes)", "bytes"),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from agent.spool import EncodedBatch
+from agent.shipping.spool import EncodedBatch
 from tracehouse.v1 import ingest_pb2
 
 

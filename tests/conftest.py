@@ -14,8 +14,8 @@ from ingest.store import Store
 from query.client import Client
 from tests.helpers import LateServer
 from tests.timeline_trace import Trace, make_trace, store_trace
+from tracehouse.cli.serve import Server, create_server
 from tracehouse.model import DEFAULT_LIMITS, Limits
-from tracehouse.serve import Server, create_server
 from tracehouse.v1 import ingest_pb2_grpc
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"

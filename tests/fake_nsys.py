@@ -3,7 +3,7 @@
 `nsys profile [OPTIONS] COMMAND ...` runs COMMAND and writes OUTPUT.nsys-rep (here a small
 JSON of what ran: when, which pid, for how long) and exits with COMMAND's status;
 `nsys export --type=sqlite --output=FILE REPORT` writes a schema-faithful synthetic export
-(agent.nsys_synthetic) of that process, its session starting when COMMAND started.
+(agent.traces.nsys_synthetic) of that process, its session starting when COMMAND started.
 Unknown options are refused as nsys refuses them. `tests/test_run.py` puts it on PATH.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.nsys_synthetic import Spec, write_export
+from agent.traces.nsys_synthetic import Spec, write_export
 
 VALUED = {"-o", "--output", "-t", "--trace", "-s", "--sample", "-d", "--duration", "--force-overwrite", "--type"}
 KNOWN = VALUED | {"--stats", "--cuda-memory-usage"}

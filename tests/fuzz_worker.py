@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.importer import import_export
-from agent.tracefile import TraceFileError
+from agent.traces.importer import import_export
+from agent.traces.tracefile import TraceFileError
 from ingest.validate import BatchError, validate_batch
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import batch_pb2

@@ -12,9 +12,9 @@ import pytest
 
 from ingest.store import Store
 from tracehouse.batch import BatchBuilder
-from tracehouse.cli import main
+from tracehouse.cli.main import main
+from tracehouse.cli.serve import Server, create_server
 from tracehouse.model import Limits
-from tracehouse.serve import Server, create_server
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 T0 = 1_790_000_000_000_000_000  # 2026-09-21T14:13:20Z

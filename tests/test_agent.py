@@ -18,13 +18,13 @@ import grpc
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.simulated import SimulatedBackend
-from agent.spool import Spool
+from agent.shipping.spool import Spool
+from agent.telemetry.simulated import SimulatedBackend
 from ingest.store import Store
 from query.client import Client
 from tests.test_serve import serve
+from tracehouse.cli.serve import Server, create_server
 from tracehouse.model import DEFAULT_LIMITS
-from tracehouse.serve import Server, create_server
 
 
 def config(server: str, spool: Path, **changes: object) -> AgentConfig:
@@ -157,7 +157,7 @@ def test_a_full_spool_drops_the_oldest_and_says_how_much(tmp_path: Path) -> None
 
 def _agent_cli(*args: str, env: dict[str, str], **popen: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "agent", *args],
+        [sys.executable, "-m", "tracehouse.cli.main", "agent", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -223,13 +223,13 @@ def test_agent_refuses_bad_options(tmp_path: Path) -> None:
         (["--simulate", "-2"], "above 0"),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "tracehouse.cli", "agent", *args], env=env, capture_output=True, text=True
+            [sys.executable, "-m", "tracehouse.cli.main", "agent", *args], env=env, capture_output=True, text=True
         )
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
     empty = tmp_path / "token"
     empty.write_text("\n")
     result = subprocess.run(
-        [sys.executable, "-m", "tracehouse.cli", "agent", "--simulate", "1", "--token-file", str(empty)],
+        [sys.executable, "-m", "tracehouse.cli.main", "agent", "--simulate", "1", "--token-file", str(empty)],
         env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode != 0 and "is empty" in result.stderr
@@ -238,7 +238,7 @@ def test_agent_refuses_bad_options(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has a GPU")
 def test_agent_without_driver_suggests_simulate(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tracehouse.cli", "agent", "--duration", "1"],
+        [sys.executable, "-m", "tracehouse.cli.main", "agent", "--duration", "1"],
         env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1 and "--simulate" in result.stderr
@@ -248,7 +248,7 @@ def test_up_runs_server_agent_and_ui_with_the_demo_and_stops_cleanly(tmp_path: P
     """The README's first command, `tracehouse up`, with --demo, on a machine without a GPU."""
     port, ui_port = closed_port(), closed_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "up", "--listen", f"127.0.0.1:{port}", "--ui-port", str(ui_port),
+        [sys.executable, "-m", "tracehouse.cli.main", "up", "--listen", f"127.0.0.1:{port}", "--ui-port", str(ui_port),
          "--demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -9,16 +9,16 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from agent import metrics as m
-from agent.batcher import Batcher
-from agent.gpu import BackendUnavailable, GpuBackend, GpuLost
-from agent.nvml import NvmlBackend
-from agent.sampler import Sampler
-from agent.simulated import SimulatedBackend
-from agent.spool import EncodedBatch
-from agent.stats import Stats
+from agent.shipping.batcher import Batcher
+from agent.shipping.spool import EncodedBatch
+from agent.shipping.stats import Stats
+from agent.telemetry.gpu import BackendUnavailable, GpuBackend, GpuLost
+from agent.telemetry.nvml import NvmlBackend
+from agent.telemetry.sampler import Sampler
+from agent.telemetry.simulated import SimulatedBackend
 from tests.agent_helpers import decode, metrics_by_gpu, sample_rows
 from tests.fake_nvml import FakeNvml
+from tracehouse import metrics as m
 
 
 def _real_gpu_present() -> bool:

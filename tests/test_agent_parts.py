@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.batcher import Batcher
-from agent.schedule import run_fixed_rate
-from agent.spool import EncodedBatch, Spool
+from agent.shipping.batcher import Batcher
+from agent.shipping.spool import EncodedBatch, Spool
+from agent.telemetry.schedule import run_fixed_rate
 from tests.agent_helpers import decode
 
 

@@ -20,7 +20,7 @@ from query.window import Predicates
 from tests.conftest import FIXTURES
 from tests.timeline_trace import HOST, MS, US, Trace
 from tracehouse.batch import BatchBuilder
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 # -- the oracle ---------------------------------------------------------------------------------
@@ -249,8 +249,8 @@ NSYS = FIXTURES / "nsys"
 
 @pytest.mark.skipif(not NSYS.is_dir(), reason=f"no real exports in {NSYS}")
 def test_every_analysis_runs_on_every_real_export(client: Client, address: str) -> None:
-    from agent.importer import import_export
-    from agent.writer import BatchWriter
+    from agent.shipping.writer import BatchWriter
+    from agent.traces.importer import import_export
 
     writer = BatchWriter(address)
     runs = [import_export(path, writer).run_id for path in sorted(NSYS.glob("*.sqlite"))]
@@ -286,7 +286,7 @@ def test_servers_without_materialized_ctes_give_the_same_answers(
 def test_phases_of_one_run_meet_the_gpu_work_of_a_trace_of_the_same_process(
     client: Client, ingest: ingest_pb2_grpc.IngestStub
 ) -> None:
-    """tracehouse.training's phases and the PyTorch profiler's kernels are two runs: they meet on
+    """agent.training's phases and the PyTorch profiler's kernels are two runs: they meet on
     their host, process and thread, not their run id."""
     t0, pid, tid = 1_790_000_000_000_000_000, 4242, 77
     declared = BatchBuilder("api", run_id="train.1", host="gpu-node")

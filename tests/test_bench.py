@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tracehouse.bench import bench_agent, bench_import, bench_ingest, bench_query
+from tracehouse.bench.agent import bench_agent
+from tracehouse.bench.imports import bench_import
+from tracehouse.bench.ingest import bench_ingest
+from tracehouse.bench.query import bench_query
 
 
 def test_bench_ingest_runs_and_loses_nothing() -> None:
@@ -40,7 +43,7 @@ def test_bench_query_builds_the_run_it_asks_about() -> None:
 
 
 def test_bench_storage_measures_what_it_stored() -> None:
-    from tracehouse.bench_storage import bench_storage
+    from tracehouse.bench.storage import bench_storage
 
     result = bench_storage(gpus=2, minutes=1.0, interval=0.1, steps=40)
     samples, events = result["samples"], result["events"]
@@ -54,7 +57,7 @@ def test_bench_storage_measures_what_it_stored() -> None:
 
 
 def test_bench_train_measures_calls_with_the_server_up_and_away() -> None:
-    from tracehouse.bench_train import bench_train
+    from tracehouse.bench.train import bench_train
 
     result = bench_train(calls=2_000, rounds=2)
     up, down = result["server_up"], result["server_down"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.timeline_trace import Trace
-from tracehouse.up import start_ui, stop_process
+from tracehouse.cli.up import start_ui, stop_process
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TRACEHOUSE_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "test-artifacts")

@@ -78,7 +78,7 @@ def start_ui(processes: list[psutil.Process]) -> tuple[subprocess.Popen[bytes], 
     """`tracehouse ui` on a free port, once Streamlit answers: it, its Streamlit child, the port."""
     port = free_port()
     ui = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "ui", "--port", str(port), "--server", "127.0.0.1:1"],
+        [sys.executable, "-m", "tracehouse.cli.main", "ui", "--port", str(port), "--server", "127.0.0.1:1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     processes.append(psutil.Process(ui.pid))
@@ -109,7 +109,7 @@ def test_streamlit_stops_when_ui_is_killed(processes: list[psutil.Process]) -> N
 def _parent_of_a_sleeper(argv: list[str]) -> subprocess.Popen[str]:
     """A Python process that starts `argv` (through with_parent) and prints its pid."""
     code = (
-        "import subprocess, sys, time; from tracehouse.children import with_parent; "
+        "import subprocess, sys, time; from agent.runs.children import with_parent; "
         f"child = subprocess.Popen(with_parent({argv!r})); print(child.pid, flush=True); time.sleep(60)"
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -129,7 +129,7 @@ def test_a_child_started_with_parent_stops_when_its_parent_is_killed(processes: 
 
 def test_a_child_whose_parent_died_before_it_started_does_not_run() -> None:
     """The window between fork and prctl: the child checks that its parent is still the one that started it."""
-    from tracehouse.children import with_parent
+    from agent.runs.children import with_parent
 
     argv = with_parent(["sh", "-c", "echo ran"])
     argv[argv.index(str(os.getpid()))] = "1"  # as if its parent had died and init had adopted it
@@ -138,7 +138,7 @@ def test_a_child_whose_parent_died_before_it_started_does_not_run() -> None:
 
 
 def test_a_missing_program_says_so() -> None:
-    from tracehouse.children import with_parent
+    from agent.runs.children import with_parent
 
     finished = subprocess.run(with_parent(["no-such-program-here"]), capture_output=True, text=True, timeout=30)
     assert finished.returncode == 127
@@ -149,7 +149,7 @@ def test_ups_ui_stops_when_up_is_killed(tmp_path: Path, processes: list[psutil.P
     ui_port = free_port()
     env = {**os.environ, "TRACEHOUSE_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     up = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "up", "--listen", f"127.0.0.1:{free_port()}",
+        [sys.executable, "-m", "tracehouse.cli.main", "up", "--listen", f"127.0.0.1:{free_port()}",
          "--ui-port", str(ui_port)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from tests.helpers import MS, T0, request, telemetry, trace
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 from tracehouse.v1 import ingest_pb2_grpc
 
 

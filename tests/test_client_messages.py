@@ -23,9 +23,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ingest.store import Store
 from query.client import Client, QueryFailed
 from tracehouse.channel import ClientSecurity
+from tracehouse.cli.serve import create_server
 from tracehouse.model import Limits
 from tracehouse.security import ServerSecurity, load_server_tls
-from tracehouse.serve import create_server
 
 
 def _pem(tmp_path: Path, name: str, certificate: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
@@ -84,7 +84,7 @@ def test_serve_on_a_unix_socket_says_its_path_and_a_hangup_stops_it_cleanly(tmp_
     socket_path = tmp_path / "tracehouse.sock"
     env = {**os.environ, "TRACEHOUSE_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", f"unix:{socket_path}"],
+        [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", f"unix:{socket_path}"],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.metrics import GPU_ENERGY, GPU_SM_ACTIVE, GPU_UTIL, PROC_GPU_MEM, PROC_SM_UTIL
 from query.client import Client, QueryFailed
 from tests.helpers import MS, T0, S, request
 from tracehouse.batch import BatchBuilder
-from tracehouse.cli import main
+from tracehouse.cli.main import main
+from tracehouse.metrics import GPU_ENERGY, GPU_SM_ACTIVE, GPU_UTIL, PROC_GPU_MEM, PROC_SM_UTIL
 from tracehouse.v1 import ingest_pb2_grpc
 
 HOST = "node1"

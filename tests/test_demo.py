@@ -16,10 +16,11 @@ import pytest
 
 from query.client import Client
 from tests.helpers import closed_port
-from tracehouse import config, demo_train, up
+from tracehouse import config
 from tracehouse.channel import ClientSecurity
-from tracehouse.cli import main
-from tracehouse.up import Up, demo_train_outcome
+from tracehouse.cli import demo_train, up
+from tracehouse.cli.main import main
+from tracehouse.cli.up import Up, demo_train_outcome
 
 PLAIN = ClientSecurity()  # no credentials, whatever the environment says
 

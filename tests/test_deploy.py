@@ -24,7 +24,7 @@ import yaml
 
 from ingest.migrations import retention
 from tracehouse import config
-from tracehouse.cli import build_parser
+from tracehouse.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.importer import import_export
+from agent.traces.importer import import_export
 from ingest.validate import BatchError, validate_batch
 from tests.conftest import FIXTURES
 from tests.fuzz_worker import Sink

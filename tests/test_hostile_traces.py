@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from agent.importer import import_export
-from agent.kineto import KinetoTrace
-from agent.kineto_synthetic import KinetoSpec, write_trace
-from agent.nsys import Export
-from agent.nsys_synthetic import Spec, write_export
-from agent.tracefile import TraceFileError
-from agent.watch import FolderWatcher
-from agent.writer import BatchWriter
+from agent.shipping.writer import BatchWriter
+from agent.traces.importer import import_export
+from agent.traces.kineto import KinetoTrace
+from agent.traces.kineto_synthetic import KinetoSpec, write_trace
+from agent.traces.nsys import Export
+from agent.traces.nsys_synthetic import Spec, write_export
+from agent.traces.tracefile import TraceFileError
+from agent.traces.watch import FolderWatcher
 from query.client import Client
 from tests.fuzz_worker import Sink
 from tests.helpers import import_refused
@@ -48,7 +48,7 @@ def nothing_stored(client: Client) -> bool:
 
 CHILD = (
     "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
-    "from tracehouse.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from tracehouse.cli.main import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -262,7 +262,7 @@ def test_what_is_not_a_regular_file_is_refused_before_it_is_opened(
     good = tmp_path / "good.json.gz"
     import_refused(path, f"not a regular file ({kind})", address, capsys, lambda: nothing_stored(client),
                    (good, lambda p: write_trace(p, KinetoSpec(steps=2))))  # fmt: skip
-    from agent.tracefile import open_regular
+    from agent.traces.tracefile import open_regular
 
     with pytest.raises(TraceFileError, match="not a regular file"):
         open_regular(path)

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 from grpc_health.v1 import health_pb2
 
-from agent.shipper import Shipper
-from agent.spool import EncodedBatch, Spool
+from agent.shipping.shipper import Shipper
+from agent.shipping.spool import EncodedBatch, Spool
 from ingest.store import BatchRefused, Store, StoreUnavailable
 from ingest.validate import validate_batch
 from query.client import Client
@@ -31,8 +31,8 @@ from tests.helpers import MS, T0, closed_port, counts, request, telemetry
 from tests.test_serve import health, serve
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.channel import encoded_write
+from tracehouse.cli.serve import Server, status_for
 from tracehouse.model import DEFAULT_LIMITS, MAX_EVENT_NS, MAX_TIME_NS
-from tracehouse.serve import Server, status_for
 from tracehouse.v1 import ingest_pb2_grpc
 
 DAY = 86_400 * 10**9
@@ -178,7 +178,7 @@ def test_serve_on_a_read_only_folder_exits_2_naming_it(tmp_path: Path) -> None:
     folder.mkdir()
     with read_only(folder):
         result = subprocess.run(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", "127.0.0.1:0"],
             env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)},
             capture_output=True,
             text=True,

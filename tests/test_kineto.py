@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from agent.importer import import_export
-from agent.kineto import CHUNK_ROWS, KinetoError, KinetoTrace, to_ns
-from agent.kineto_synthetic import BASE_NS, KinetoSpec, imported_per_step, write_trace
-from agent.tracefile import TraceFileError, sniff
-from agent.writer import BatchWriter
+from agent.shipping.writer import BatchWriter
+from agent.traces.importer import import_export
+from agent.traces.kineto import CHUNK_ROWS, KinetoError, KinetoTrace, to_ns
+from agent.traces.kineto_synthetic import BASE_NS, KinetoSpec, imported_per_step, write_trace
+from agent.traces.tracefile import TraceFileError, sniff
 from query.client import Client
 from tests.conftest import FIXTURES
 from tests.helpers import import_refused
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 
 KINETO = FIXTURES / "kineto"
 REAL = sorted(KINETO.glob("*.json.gz")) if KINETO.is_dir() else []
@@ -552,7 +552,7 @@ def test_formats_are_told_by_content_not_by_name(tmp_path: Path) -> None:
 
 
 def test_bench_import_kineto_runs_and_stores_every_event() -> None:
-    from tracehouse.bench import bench_import_kineto
+    from tracehouse.bench.imports import bench_import_kineto
 
     result = bench_import_kineto(events=20_000, path=None)
     assert result["events"] == result["stored_events"] > 10_000

@@ -14,22 +14,22 @@ import grpc
 import pytest
 
 from agent.daemon import Agent
-from agent.shipper import UNHINTED_PUSHBACK_S, Outcome, Shipper, classify, pushback_seconds
-from agent.simulated import SimulatedBackend
-from agent.spool import EncodedBatch, Spool
-from agent.writer import BatchWriter, WriteFailed
+from agent.shipping.shipper import UNHINTED_PUSHBACK_S, Outcome, Shipper, classify, pushback_seconds
+from agent.shipping.spool import EncodedBatch, Spool
+from agent.shipping.writer import BatchWriter, WriteFailed
+from agent.telemetry.simulated import SimulatedBackend
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
 from ingest.store import Store, WriteResult
 from ingest.validate import ValidatedBatch
 from tests.helpers import counts, telemetry
 from tests.test_agent import config, sample_count
 from tracehouse.batch import encode_request
-from tracehouse.bench import bench_load
+from tracehouse.bench.load import bench_load
 from tracehouse.channel import encoded_write
-from tracehouse.cli import build_parser
+from tracehouse.cli.main import build_parser
+from tracehouse.cli.serve import Server, create_server
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.pushback import BEHIND, PUSHBACK_KEY, TRANSPORT_MAX_BYTES
-from tracehouse.serve import Server, create_server
 from tracehouse.v1 import ingest_pb2
 
 WRITE = "/tracehouse.v1.Ingest/Write"
@@ -287,7 +287,7 @@ def test_the_import_writer_waits_as_asked(fake: FakeIngest) -> None:
 def test_the_import_writer_pauses_on_resource_exhausted_without_a_hint(
     fake: FakeIngest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agent.shipper.UNHINTED_PUSHBACK_S", 0.01)
+    monkeypatch.setattr("agent.shipping.shipper.UNHINTED_PUSHBACK_S", 0.01)
     _write_one(fake)
     assert fake.received == ["w0"] and fake.calls == 2
 

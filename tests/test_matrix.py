@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tracehouse.matrix import MAX_BYTES, MAX_RUNS, Matrix, MatrixError, RunSpec, load_matrix
+from agent.runs.matrix import MAX_BYTES, Matrix, MatrixError, load_matrix
+from agent.runs.matrix_model import MAX_RUNS, RunSpec
 
 EXAMPLE = """\
 # defaults apply to every experiment; an experiment's own keys win

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from agent.importer import import_export
-from agent.nsys import MEMCPY_KINDS, NsysError
-from agent.nsys_synthetic import SESSION_START_NS, Spec, write_export
-from agent.writer import BatchWriter
+from agent.shipping.writer import BatchWriter
+from agent.traces.importer import import_export
+from agent.traces.nsys import MEMCPY_KINDS, NsysError
+from agent.traces.nsys_synthetic import SESSION_START_NS, Spec, write_export
 from query.client import Client, QueryFailed
 from tests.conftest import FIXTURES
 from tests.helpers import import_refused
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 from tracehouse.v1 import batch_pb2
 
 NSYS = FIXTURES / "nsys"
@@ -389,7 +389,7 @@ def test_a_run_being_imported_is_not_found(tmp_path: Path, writer: BatchWriter, 
 
 
 def test_export_errors_are_one_line(tmp_path: Path) -> None:
-    from agent.nsys import Export
+    from agent.traces.nsys import Export
 
     path = tmp_path / "empty.sqlite"
     sqlite3.connect(path).execute("CREATE TABLE StringIds (id INTEGER, value TEXT)").connection.commit()
@@ -414,7 +414,7 @@ def test_agent_watch_imports_exports_once_they_stop_growing(
     import time
 
     from agent.daemon import Agent, AgentConfig
-    from agent.simulated import SimulatedBackend
+    from agent.telemetry.simulated import SimulatedBackend
 
     caplog.set_level(logging.INFO, "tracehouse.agent.watch")
     folder = tmp_path / "exports"

@@ -16,8 +16,8 @@ from query import sql
 from query.client import Client
 from tests.helpers import MS, T0, S, request
 from tracehouse.batch import BatchBuilder
+from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS
-from tracehouse.serve import create_server
 from tracehouse.v1 import ingest_pb2_grpc
 
 HOUR = 3600 * S

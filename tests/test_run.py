@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.simulated import SimulatedBackend
+from agent.telemetry.simulated import SimulatedBackend
 from query.client import Client
 from tests.helpers import LateServer
 
@@ -47,7 +47,7 @@ def run_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_args(address: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "tracehouse.cli", "run", "--server", address, "--simulate", "2",
+    return [sys.executable, "-m", "tracehouse.cli.main", "run", "--server", address, "--simulate", "2",
             "--interval", "0.05", *args]  # fmt: skip
 
 
@@ -228,7 +228,7 @@ def test_gpu_memory_of_forked_children_goes_to_their_run_not_to_a_neighbour(
     """A neighbour on the same simulated GPU (its own process, not in the run) and the
     simulated training of the agent itself use GPU 0 too; only the run's tree counts."""
     neighbour = subprocess.Popen(
-        [sys.executable, "-c", "from agent.simulated import use_gpu; import time; use_gpu(0, 7 << 30, 90);"
+        [sys.executable, "-c", "from agent.telemetry.simulated import use_gpu; import time; use_gpu(0, 7 << 30, 90);"
          " print('ready', flush=True); time.sleep(60)"],
         env=run_env(home), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -236,7 +236,7 @@ def test_gpu_memory_of_forked_children_goes_to_their_run_not_to_a_neighbour(
         assert neighbour.stdout is not None and neighbour.stdout.readline().strip() == "ready"
         code = """
             import os, time
-            from agent.simulated import use_gpu
+            from agent.telemetry.simulated import use_gpu
             children = []
             for size in (1, 2):
                 pid = os.fork()
@@ -422,8 +422,8 @@ def test_a_matrix_runs_every_entry_tags_them_and_prints_the_summary(
     address: str, client: Client, home: Path, tmp_path: Path
 ) -> None:
     matrix = tmp_path / "experiments.yaml"
-    script = "import sys, time; from agent.simulated import use_gpu; use_gpu(0, int(sys.argv[1]) << 30, 40);" \
-             " time.sleep(1.5); sys.exit(int(sys.argv[2]))"  # fmt: skip
+    script = "import sys, time; from agent.telemetry.simulated import use_gpu;" \
+             " use_gpu(0, int(sys.argv[1]) << 30, 40); time.sleep(1.5); sys.exit(int(sys.argv[2]))"  # fmt: skip
     matrix.write_text(textwrap.dedent(f"""\
         defaults:
           gpus: "0"

@@ -12,7 +12,7 @@ import pytest
 from ingest.migrations import MIGRATIONS, RETENTION_NAMES, TABLES_BY_NAME, retention, script
 from ingest.schema import Layout, Statement, parse_retention, render
 from ingest.store import Store, parse_store_url, with_password
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 from tracehouse.model import DEFAULT_LIMITS
 
 LAYOUTS = [

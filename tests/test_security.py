@@ -26,8 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.daemon import Agent
-from agent.simulated import SimulatedBackend
-from agent.writer import BatchWriter, WriteFailed
+from agent.shipping.writer import BatchWriter, WriteFailed
+from agent.telemetry.simulated import SimulatedBackend
 from ingest.store import Store
 from query.client import Client, QueryFailed
 from tests.helpers import T0, counts, request, telemetry
@@ -35,7 +35,9 @@ from tests.test_agent import config as agent_config
 from tests.test_agent import sample_count
 from tracehouse import config
 from tracehouse.channel import ClientSecurity, client_security, open_channel, read_token
-from tracehouse.cli import main
+from tracehouse.cli.main import main
+from tracehouse.cli.serve import Server, create_server
+from tracehouse.cli.up import Up, ui_environment
 from tracehouse.model import Limits
 from tracehouse.security import (
     SecurityError,
@@ -46,8 +48,6 @@ from tracehouse.security import (
     load_tokens,
     parse_tokens,
 )
-from tracehouse.serve import Server, create_server
-from tracehouse.up import Up, ui_environment
 from tracehouse.v1 import ingest_pb2_grpc
 
 READ_TOKEN = "read-token-0123456789abcdef"

@@ -32,7 +32,7 @@ def serve(
     """Start `tracehouse serve` (on a free port by default); yield (process, address, log lines)."""
     env = {**os.environ, "TRACEHOUSE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", listen, *args],
+        [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", listen, *args],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -131,7 +131,7 @@ def test_unreachable_store_answers_unavailable_and_logs_no_secret(tmp_path: Path
 def test_second_server_on_one_embedded_store_says_why(tmp_path: Path) -> None:
     with serve(home=tmp_path):
         second = subprocess.run(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", "127.0.0.1:0"],
             env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)},
             capture_output=True,
             text=True,
@@ -147,7 +147,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "tracehouse.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", f"127.0.0.1:{port}"],
             env={**os.environ, "TRACEHOUSE_HOME": str(tmp_path)},
             capture_output=True,
             text=True,

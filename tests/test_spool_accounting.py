@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.simulated import SimulatedBackend
-from agent.spool import EncodedBatch, Spool
+from agent.shipping.spool import EncodedBatch, Spool
+from agent.telemetry.simulated import SimulatedBackend
 from tests.helpers import telemetry
 from tracehouse.batch import encode_request
 from tracehouse.v1 import ingest_pb2

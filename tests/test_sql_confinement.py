@@ -18,10 +18,10 @@ from query.client import Client, QueryFailed
 from tests.conftest import small_limits
 from tests.helpers import T0, request, telemetry, trace
 from tracehouse.channel import ClientSecurity
-from tracehouse.cli import main
+from tracehouse.cli.main import main
+from tracehouse.cli.serve import create_server
 from tracehouse.model import Limits
 from tracehouse.security import ServerSecurity, load_tokens
-from tracehouse.serve import create_server
 from tracehouse.v1 import ingest_pb2_grpc
 
 PASSWD = "/etc/passwd"

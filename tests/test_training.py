@@ -19,15 +19,17 @@ import pandas as pd
 import pytest
 
 import tracehouse
-from agent.batcher import Batcher
-from agent.runspool import replay_spools
+from agent import training
+from agent.runs.runspool import replay_spools
+from agent.shipping.batcher import Batcher
+from agent.training import current_run, recorder
+from agent.training.phases import _Phase
 from ingest.validate import check_id
 from query.client import Client
 from tests.helpers import LateServer, closed_port, request
-from tracehouse import training
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
-from tracehouse.cli import main
+from tracehouse.cli.main import main
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import ingest_pb2_grpc
 
@@ -58,7 +60,7 @@ def train(steps: int, phases: tuple[str, ...] = ("dataloader", "forward", "backw
 @pytest.fixture(autouse=True)
 def no_run_left() -> Any:
     yield
-    for left in list(training._runs):
+    for left in list(current_run._runs):
         left.end()
 
 
@@ -192,7 +194,9 @@ def test_import_tracehouse_is_light() -> None:
         "tracehouse.step(1)\n"
         "with tracehouse.phase('x'): pass\n"
         "tracehouse.scalar('loss', 1.0)\n"
-        "print(sorted(m for m in ('torch', 'grpc', 'numpy', 'pyarrow', 'agent') if m in sys.modules))\n"
+        "heavy = ('torch', 'grpc', 'numpy', 'pyarrow')\n"
+        "heavy += ('agent.telemetry', 'agent.traces', 'agent.shipping', 'agent.runs')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout.replace("'", '"')) == []
@@ -341,7 +345,7 @@ def test_demo_train_runs_a_real_loop_and_imports_its_own_trace(
     address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch")
-    from tracehouse import demo_train
+    from tracehouse.cli import demo_train
 
     monkeypatch.setenv("TRACEHOUSE_HOME", str(tmp_path))
     result = demo_train.train(steps=8, server=address, security=PLAIN)
@@ -388,7 +392,7 @@ def test_a_wall_clock_set_back_inside_a_phase_loses_nothing(
         now = time.perf_counter_ns()
         ticks = iter([now, now - 5_000_000_000])  # a clock that goes back: the end is clamped to the start
         with monkeypatch.context() as backwards:
-            backwards.setattr(training, "_perf_ns", lambda: next(ticks))
+            backwards.setattr("agent.training.phases._perf_ns", lambda: next(ticks))
             with tracehouse.phase("backwards"):
                 pass
     report = run.report()
@@ -560,7 +564,7 @@ def test_a_phase_whose_nvtx_push_fails_is_left_out(
     address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nvtx = FakeNvtx(fail_pushes=1)
-    monkeypatch.setattr(training, "_nvtx_module", lambda wanted: nvtx)
+    monkeypatch.setattr(recorder, "_nvtx_module", lambda wanted: nvtx)
     with tracehouse.run("nvtx", server=address, security=PLAIN, spool=tmp_path, nvtx=True) as run:
         tracehouse.step(0)
         with tracehouse.phase("failed push"):
@@ -577,7 +581,7 @@ def test_phases_closed_out_of_order_take_the_lowest_free_depth(tmp_path: Path) -
     """Depth is a lane: a phase takes the lowest one no open phase of its thread holds, so
     phases in one lane never overlap, however they close."""
     run = tracehouse.run("lanes", server=closed_port(), security=PLAIN, spool=tmp_path)
-    a, b, c, d = (training._Phase(run, name) for name in "abcd")
+    a, b, c, d = (_Phase(run, name) for name in "abcd")
     a.__enter__()
     b.__enter__()
     a.__exit__(None, None, None)  # a closes while b, entered inside it, goes on
@@ -586,7 +590,7 @@ def test_phases_closed_out_of_order_take_the_lowest_free_depth(tmp_path: Path) -
     assert (a.depth, b.depth, c.depth, d.depth) == (0, 1, 0, 2)
     for phase in (d, c, b):
         phase.__exit__(None, None, None)
-    with training._Phase(run, "e") as e:
+    with _Phase(run, "e") as e:
         assert e.depth == 0
     run.end()
 
@@ -595,13 +599,13 @@ def test_the_most_recent_run_is_current_and_atexit_is_registered_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     registered: list[Any] = []
-    monkeypatch.setattr(training.atexit, "register", registered.append)
-    monkeypatch.setattr(training, "_atexit_registered", False)
+    monkeypatch.setattr(current_run.atexit, "register", registered.append)
+    monkeypatch.setattr(current_run, "_atexit_registered", False)
     first, second, third = (
         tracehouse.run(name, server=closed_port(), security=PLAIN, spool=tmp_path, end_timeout=0)
         for name in ("first", "second", "third")
     )
-    assert tracehouse.current() is third and registered == [training._end_all]
+    assert tracehouse.current() is third and registered == [current_run._end_all]
     third.end()
     assert tracehouse.current() is second
     first.end()

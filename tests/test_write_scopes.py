@@ -16,11 +16,11 @@ from ingest.store import Store
 from tests.helpers import T0, counts, request, telemetry, trace
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import open_channel, read_token
-from tracehouse.cli import main
+from tracehouse.cli.main import main
+from tracehouse.cli.serve import Server, create_server
+from tracehouse.cli.up import Up
 from tracehouse.model import Limits
 from tracehouse.security import SecurityError, ServerSecurity, parse_tokens
-from tracehouse.serve import Server, create_server
-from tracehouse.up import Up
 from tracehouse.v1 import batch_pb2, ingest_pb2, ingest_pb2_grpc
 
 GPU = "gpu-token-0123456789abcdef"  # hosts gpu-* or dgx-?

@@ -1,9 +1,12 @@
 """tracehouse: GPU telemetry and Nsight Systems traces on one timeline, in ClickHouse.
 
-This package holds what the agent, ingest and query parts share: the generated wire
-protocol (`tracehouse.v1`), the data model's vocabulary and limits, time helpers, the
-batch encoder, the server wiring and the CLI; and the API for training code
-(`tracehouse.run`, `step`, `phase`, `scalar`: tracehouse.training).
+The modules directly in this package are the kernel that every part shares, and they import
+none of the parts (agent/, ingest/, query/, ui/): the generated wire protocol (`tracehouse.v1`),
+batch encoding, the channel, the data model's vocabulary, metric names and limits, ids, time,
+config, tokens and TLS material. `tracehouse.cli` and `tracehouse.bench` are the composition
+root: the command line, the server wiring and the benchmarks, the only code that imports every
+part. Here too is the face of the API for training code (`tracehouse.run`, `step`, `phase`,
+`scalar`), whose implementation (agent.training) is imported on first use.
 """
 
 __version__ = "0.1.0"
@@ -11,16 +14,16 @@ __version__ = "0.1.0"
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tracehouse.training import Run, current, phase, run, scalar, step
+    from agent.training import Run, current, phase, run, scalar, step
 
-# The training API (tracehouse.training), imported on first use: `import tracehouse` stays
+# The training API (agent.training), imported on first use: `import tracehouse` stays
 # light (no grpc, no torch) for training scripts and free of import cycles.
 _TRAINING = ("Run", "current", "phase", "run", "scalar", "step")
 
 
 def __getattr__(name: str) -> Any:
     if name in _TRAINING:
-        from tracehouse import training
+        from agent import training
 
         value = getattr(training, name)
         globals()[name] = value  # found directly from now on

@@ -28,6 +28,22 @@ EVENT_KINDS: tuple[str, ...] = (
 
 RUN_SOURCES: tuple[str, ...] = ("agent", "nsys", "kineto", "user")
 
+# Work that occupies a GPU: what busy time, projections and the GPU lanes count.
+GPU_WORK: tuple[str, ...] = ("kernel", "memcpy", "memset")
+
+# A timeline lane, as the Query service answers it and the explorer draws it: GPU work per GPU and
+# stream; everything else per kind, process, thread and nesting depth.
+LANE_COLUMNS = ("lane", "host", "gpu", "stream", "pid", "tid", "depth")
+
+
+def lane_of(kind: str) -> str:
+    """The lane family of an event kind: `gpu` for GPU work, else the kind itself."""
+    return "gpu" if kind in GPU_WORK else kind
+
+
+# Rollups of `samples`, by the seconds one row sums up.
+ROLLUP_SECONDS = {"samples_1s": 1, "samples_1m": 60}
+
 NO_GPU = -1  # gpu column value for rows not tied to one GPU
 NO_STREAM = -1
 

@@ -1,7 +1,7 @@
 """What the Ingest service and its writers agree on when the server asks for a pause.
 
 The server (ingest/admission.py) refuses a write it cannot take yet with RESOURCE_EXHAUSTED,
-a message that says why and a retry hint; the writers (agent/shipper.py) spool and wait.
+a message that says why and a retry hint; the writers (agent/shipping/shipper.py) spool and wait.
 """
 
 from __future__ import annotations

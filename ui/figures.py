@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from query.lanes import LANE_COLUMNS, lane_of
+from tracehouse.model import LANE_COLUMNS, lane_of
 from tracehouse.timefmt import NS_PER_S, format_duration, format_ns
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")

@@ -20,14 +20,14 @@ mkdir -p $TRACEHOUSE_HOME
 { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,name,memory.total --format=csv;
   python3 -c "import sys, grpc, google.protobuf as p, pynvml, psutil, torch; print(sys.version, grpc.__version__, p.__version__, torch.__version__)"; } 2>&1 | tee $OUT/env.txt
 if [ -z "${RUN_ONLY:-}" ]; then  # RUN_ONLY=1: only step 2
-  python3 -m tracehouse.cli agent --server $AWAY --duration 60 --spool $TRACEHOUSE_HOME/agent-spool >$OUT/agent.json 2>$OUT/agent.log &
+  python3 -m tracehouse.cli.main agent --server $AWAY --duration 60 --spool $TRACEHOUSE_HOME/agent-spool >$OUT/agent.json 2>$OUT/agent.log &
   AGENT=$!
   sleep 15
   python3 tests/device/gpu_load.py --seconds 25 >$OUT/load1.json 2>&1
   wait $AGENT
   echo "agent exit $?"
 fi
-python3 -m tracehouse.cli -v run --server $AWAY --agent start --name h200-matmul --gpus 0 --tag check=device \
+python3 -m tracehouse.cli.main -v run --server $AWAY --agent start --name h200-matmul --gpus 0 --tag check=device \
   -- python3 tests/device/gpu_load.py --seconds 20 --children 1 >$OUT/run.out 2>$OUT/run.log
 echo "run exit $?"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>$OUT/env.txt 2>&1

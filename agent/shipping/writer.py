@@ -1,0 +1,92 @@
+"""Synchronous batch writes for one-shot jobs (imports): a few calls in flight, transient
+failures retried with backoff (as long as the server asks, when its store is behind), and
+any failure that remains raised to the caller."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import grpc
+
+from agent.shipping.shipper import Outcome, classify
+from tracehouse.batch import encode_request
+from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, encoded_write, explain, open_channel
+from tracehouse.pushback import TRANSPORT_MAX_BYTES
+from tracehouse.v1 import batch_pb2, ingest_pb2
+
+
+class WriteFailed(Exception):
+    """The server refused a batch, or stayed unreachable; `code` is the last gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+class BatchWriter:
+    def __init__(
+        self, server: str, security: ClientSecurity | None = None, concurrency: int = 2, patience: float = 60.0
+    ) -> None:
+        self.server = server
+        self.security = security
+        self._metadata = security.metadata() if security else ()
+        self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
+        self._write = encoded_write(self._channel)  # encoded by the caller's thread, sent by the pool's
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="writer")
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._pending: list[Future[ingest_pb2.WriteResponse]] = []
+        self._patience = patience
+        self.batches = 0
+        self.duplicates = 0
+
+    def write(self, batch: batch_pb2.Batch) -> None:
+        """Send a batch; blocks while `concurrency` calls are in flight. Raises WriteFailed
+        for an earlier batch that failed."""
+        self._reap(block=False)
+        request = encode_request(batch)
+        self._slots.acquire()
+        future = self._pool.submit(self._send, request)
+        future.add_done_callback(lambda _: self._slots.release())
+        self._pending.append(future)
+
+    def flush(self) -> None:
+        """Wait for every batch written so far; raises WriteFailed if one failed."""
+        self._reap(block=True)
+
+    def _reap(self, block: bool) -> None:
+        still = []
+        for future in self._pending:
+            if block or future.done():
+                answer = future.result()  # raises WriteFailed
+                self.batches += 1
+                self.duplicates += int(answer.duplicate)
+            else:
+                still.append(future)
+        self._pending = still
+
+    def _send(self, request: bytes) -> ingest_pb2.WriteResponse:
+        deadline = time.monotonic() + self._patience
+        delay = 0.25
+        while True:
+            try:
+                answer: ingest_pb2.WriteResponse = self._write(request, timeout=60, metadata=self._metadata)
+                return answer
+            except grpc.RpcError as error:
+                code = error.code()
+                outcome, asked = classify(error, len(request))
+                busy = outcome is Outcome.BUSY  # the server is there: wait as long as it asks
+                pause = asked * random.uniform(1.0, 1.5) if busy else delay * random.uniform(0.8, 1.2)
+                if outcome is Outcome.REFUSED or code in ACCESS_REFUSED or time.monotonic() + pause > deadline:
+                    raise WriteFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
+            time.sleep(pause)
+            if not busy:
+                delay = min(delay * 2, 10.0)
+
+    def close(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        self._channel.close()

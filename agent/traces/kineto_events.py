@@ -1,0 +1,392 @@
+"""One Kineto event at a time into rows of Arrow chunks (agent/traces/kineto.py says what each event
+becomes): the categories, the values of an event (times, ids, strings), the chunk being built, and
+EventRows, which turns events into its rows, links GPU work to the CUDA call that launched it and
+gives each row its depth in its thread's lanes."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from agent.traces.kineto_scan import KinetoError
+from agent.traces.nsys_sources import MEMCPY_KINDS, strip_api_version
+from agent.traces.tracefile import MAX_EVENT_BYTES, MAX_EVENT_NS, MAX_TIME_NS
+from tracehouse.model import DEFAULT_LIMITS, NO_GPU, NO_STREAM
+
+CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
+LINK_WINDOW = 2 * CHUNK_ROWS  # CUDA calls remembered for GPU work that comes after them
+MAX_LANES = 256  # per thread (or GPU stream) and family
+MAX_THREADS = 262_144  # threads and GPU streams, per family, whose lanes are kept
+MAX_NAMES = 100_000  # process names, thread names
+MAX_REASONS = 32  # distinct reasons to skip; more go under "other"
+MAX_STRING = DEFAULT_LIMITS.max_string_bytes
+MAX_NS = MAX_TIME_NS  # times of events: 1970..2200, as the server takes them
+UINT32 = 1 << 32
+
+# category -> kind; `user_annotation` named ProfilerStep#N becomes a step
+CATEGORIES: Mapping[str, str] = {
+    "kernel": "kernel",
+    "Kernel": "kernel",  # the capitalized categories: older Kineto versions
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_sync": "sync",
+    "cuda_runtime": "cuda_api",
+    "Runtime": "cuda_api",
+    "cuda_driver": "cuda_api",
+    "cpu_op": "cpu_op",
+    "Operator": "cpu_op",
+    "python_function": "python",
+    "user_annotation": "nvtx",
+    "gpu_user_annotation": "gpu_annotation",
+    "cpu_instant_event": "mark",
+}
+GPU_WORK = frozenset({"kernel", "memcpy", "memset", "sync"})  # linked to their CUDA call
+ON_GPU = GPU_WORK | {"gpu_annotation"}  # pid is the device, tid the stream
+FLOWS = frozenset({"s", "t", "f"})
+INSTANTS = frozenset({"i", "I"})
+TIMED = INSTANTS | {"X"}
+STEP_PREFIX = "ProfilerStep#"
+
+_MEMCPY = re.compile(r"Memcpy (\w+) \((.*) -> (.*)\)")
+_MEMSET = re.compile(r"Memset \((.*)\)")
+_KINETO_MEMCPY = {
+    "HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9, "PtoP": 10,
+}  # fmt: skip
+_EMPTY: dict[str, Any] = {}
+
+
+# -- values -----------------------------------------------------------------------------------
+
+
+def to_ns(value: Any) -> int | None:
+    """µs, as an int or a decimal from the parser, to integer ns (nearest, half to even); None
+    for anything that is not a finite number of a sane size."""
+    if type(value) is int:
+        return value * 1000
+    if type(value) is Decimal:
+        if not value.is_finite() or value.adjusted() > 18:
+            return None
+        return int((value * 1000).to_integral_value())
+    if type(value) is float:  # not from ijson; from callers that hand floats
+        return round(value * 1000) if value == value and abs(value) < 1e19 else None
+    return None
+
+
+def uint_below(value: Any, bound: int) -> int | None:
+    return value if type(value) is int and 0 <= value < bound else None
+
+
+def fit_string(value: Any, limit: int = MAX_STRING) -> str:
+    """A string fit for the store: cut to `limit` bytes of UTF-8 on a character boundary."""
+    if type(value) is not str:
+        return str(value) if type(value) in (int, Decimal) else ""
+    if len(value) * 4 <= limit:
+        return value
+    raw = value.encode("utf-8", "replace")
+    return raw[:limit].decode("utf-8", "ignore") if len(raw) > limit else value
+
+
+def _label(value: Any) -> str:
+    """An untrusted category or phase as a short reason to skip."""
+    return fit_string(value, 48) if type(value) is str else type(value).__name__
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    kind: list[str] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    gpu: list[int] = field(default_factory=list)
+    stream: list[int] = field(default_factory=list)
+    pid: list[int] = field(default_factory=list)
+    tid: list[int] = field(default_factory=list)
+    correlation_id: list[int] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
+    launch_start: list[int] = field(default_factory=list)
+    extras: defaultdict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
+    waiting: list[int] = field(default_factory=list)  # correlation ids of its rows awaiting their call
+
+    def batch(self) -> pa.RecordBatch:
+        rows = len(self.start)
+        columns: dict[str, pa.Array] = {
+            "kind": pa.array(self.kind, pa.string()),
+            "start": pa.array(self.start, pa.int64()),
+            "end": pa.array(self.end, pa.int64()),
+            "name": pa.array(self.name, pa.string()),
+        }
+        for column in ("gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "launch_start"):
+            columns[column] = pa.array(getattr(self, column), pa.int64())
+        for key, values in sorted(self.extras.items()):
+            texts = [""] * rows
+            for row, value in values.items():
+                texts[row] = value
+            columns[f"x:{key}"] = pa.array(texts, pa.string())
+        return pa.RecordBatch.from_pydict(columns)
+
+
+class EventRows:
+    """Events turned into rows, one at a time: rows of the current chunk, or counted as skipped per
+    reason; GPU work linked to its CUDA call (calls remembered for the last LINK_WINDOW, GPU work
+    waiting for its call until its chunk is released), depths from the lanes of each thread, and
+    the names of processes and threads."""
+
+    def __init__(self, file: str) -> None:
+        self._file = file  # the trace's file name, for messages
+        self.offset = 0  # added to every time: the trace's time base, ns
+        self.current = Chunk()
+        self.skipped: dict[str, int] = {}
+        self.deep_rows = 0
+        self.process_names: dict[int, str] = {}
+        self.thread_names: dict[tuple[int, int], str] = {}
+        self._lanes: dict[tuple[Any, ...], list[int]] = {}
+        self._calls: OrderedDict[int, tuple[int, int, int, str]] = OrderedDict()
+        self._waiting: dict[int, list[tuple[Chunk, int]]] = {}
+        self._api_names: dict[str, str] = {}
+        self._memory_names: dict[str, tuple[str, str]] = {}
+        self._launches: dict[tuple[Any, ...], str] = {}
+
+    def release(self, chunk: Chunk) -> pa.RecordBatch:
+        """The chunk as a batch; its rows no longer wait for their call."""
+        for correlation in chunk.waiting:
+            rows = [entry for entry in self._waiting.get(correlation, ()) if entry[0] is not chunk]
+            if rows:
+                self._waiting[correlation] = rows
+            else:
+                self._waiting.pop(correlation, None)
+        return chunk.batch()
+
+    def _skip(self, reason: str) -> None:
+        if reason not in self.skipped and len(self.skipped) >= MAX_REASONS:
+            reason = "other"
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def add(self, event: Any) -> None:
+        """One event, as a row of the current chunk, or counted as skipped."""
+        if not isinstance(event, dict):
+            self._skip("not an event")
+            return
+        ph = event.get("ph")
+        if type(ph) is not str:
+            self._skip(f"phase {_label(ph)}")
+            return
+        if ph == "X":
+            category = event.get("cat")
+            kind = CATEGORIES.get(category) if type(category) is str else None
+            if kind is None:
+                self._skip(f"category {_label(category)}")
+                return
+        elif ph in INSTANTS:
+            kind = "mark"
+        elif ph == "M":
+            self._name(event)
+            return
+        elif ph in FLOWS:
+            self._skip("flow")
+            return
+        else:
+            self._skip(f"phase {_label(ph)}")
+            return
+        start = to_ns(event.get("ts"))
+        if start is None:
+            self._skip("no time")
+            return
+        start += self.offset
+        duration = event.get("dur") if ph == "X" and kind != "mark" else None
+        if duration is None:
+            end = start
+        else:
+            length = to_ns(duration)
+            if length is None or length < 0 or length > MAX_EVENT_NS:
+                self._skip("bad duration")
+                return
+            end = start + length
+        if start < 0 or end > MAX_NS:
+            self._skip("time out of range")
+            return
+        args = event.get("args")
+        if not isinstance(args, dict):
+            args = _EMPTY
+        name = fit_string(event.get("name"))
+        chunk = self.current
+        row = len(chunk.start)
+        extras = chunk.extras
+        gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
+        if kind in ON_GPU:
+            device = args.get("device", event.get("pid"))
+            gpu = device if type(device) is int and 0 <= device <= DEFAULT_LIMITS.max_gpu_index else NO_GPU
+            lane = args.get("stream", event.get("tid"))
+            stream = lane if type(lane) is int and 0 <= lane < (1 << 31) else NO_STREAM
+            if kind == "kernel":
+                launch = self._launch(args)
+                if launch:
+                    extras["launch"][row] = launch
+                occupancy = args.get("est. achieved occupancy %")
+                if type(occupancy) in (int, Decimal):
+                    extras["occupancy_pct"][row] = str(occupancy)
+            elif kind in ("memcpy", "memset"):
+                name, memory = self._memory(name)
+                if memory:
+                    extras["memory"][row] = memory
+                size = uint_below(args.get("bytes"), MAX_EVENT_BYTES + 1) or 0
+            elif kind == "sync":
+                extras["sync_type"][row] = fit_string(args.get("cuda_sync_kind") or name)
+            else:  # gpu_annotation
+                depth = self._lane(("gpu", gpu, stream), start, end)
+            if kind != "gpu_annotation":
+                correlation = uint_below(args.get("correlation"), 1 << 63) or 0
+        else:
+            raw_pid, raw_tid = event.get("pid"), event.get("tid")
+            pid = raw_pid if type(raw_pid) is int and 0 <= raw_pid < UINT32 else 0
+            tid = raw_tid if type(raw_tid) is int and 0 <= raw_tid < 1 << 63 else 0
+            if (raw_pid is not None and pid != raw_pid) or (raw_tid is not None and tid != raw_tid):
+                extras["track"][row] = fit_string(f"{_label(raw_pid)} / {_label(raw_tid)}", 256)
+            if kind == "cuda_api":
+                name = self._api_name(name)
+                extras["api"][row] = "driver" if event.get("cat") == "cuda_driver" else "runtime"
+                correlation = uint_below(args.get("correlation"), 1 << 63) or 0
+            elif kind == "nvtx":
+                if name.startswith(STEP_PREFIX):
+                    kind, name = "step", "step"
+                    extras["step"][row] = fit_string(event.get("name"))[len(STEP_PREFIX) :]
+                extras["style"][row] = "PushPop"
+                depth = self._lane(("range", pid, tid), start, end)
+            elif kind != "mark":
+                depth = self._lane((kind, pid, tid), start, end)
+        chunk.kind.append(kind)
+        chunk.start.append(start)
+        chunk.end.append(end)
+        chunk.name.append(name)
+        chunk.gpu.append(gpu)
+        chunk.stream.append(stream)
+        chunk.pid.append(pid)
+        chunk.tid.append(tid)
+        chunk.correlation_id.append(correlation)
+        chunk.bytes.append(size)
+        chunk.depth.append(depth)
+        chunk.launch_start.append(-1)
+        if correlation:
+            if kind == "cuda_api":
+                self._call(correlation, pid, tid, start, name)
+            elif kind in GPU_WORK:
+                call = self._calls.get(correlation)
+                if call is not None:
+                    _link(chunk, row, call)
+                else:
+                    self._waiting.setdefault(correlation, []).append((chunk, row))
+                    chunk.waiting.append(correlation)
+
+    def _call(self, correlation: int, pid: int, tid: int, start: int, name: str) -> None:
+        call = (pid, tid, start, name)
+        self._calls[correlation] = call
+        if len(self._calls) > LINK_WINDOW:
+            self._calls.popitem(last=False)
+        for chunk, row in self._waiting.pop(correlation, ()):
+            _link(chunk, row, call)
+
+    def _lane(self, key: tuple[Any, ...], start: int, end: int) -> int:
+        """The first lane of `key` free at `start`; it is busy until `end` from now on."""
+        lanes = self._lanes.get(key)
+        if lanes is None:
+            if len(self._lanes) >= MAX_THREADS:
+                raise KinetoError(f"{self._file}: events on more than {MAX_THREADS} threads or GPU streams")
+            lanes = self._lanes[key] = []
+        for lane, busy_until in enumerate(lanes):
+            if busy_until <= start:
+                lanes[lane] = end
+                return lane
+        if len(lanes) < MAX_LANES:
+            lanes.append(end)
+            return len(lanes) - 1
+        self.deep_rows += 1
+        lanes[-1] = max(lanes[-1], end)
+        return MAX_LANES - 1
+
+    def _name(self, event: dict[str, Any]) -> None:
+        """Metadata events: process and thread names."""
+        what = event.get("name")
+        args = event.get("args")
+        label = args.get("name") if isinstance(args, dict) else None
+        if type(label) is not str:
+            return
+        pid = uint_below(event.get("pid"), UINT32)
+        if pid is None:
+            return
+        if what == "process_name" and (pid in self.process_names or len(self.process_names) < MAX_NAMES):
+            self.process_names[pid] = fit_string(label)
+        elif what == "thread_name":
+            tid = uint_below(event.get("tid"), 1 << 63)
+            if tid is not None and ((pid, tid) in self.thread_names or len(self.thread_names) < MAX_NAMES):
+                self.thread_names[(pid, tid)] = fit_string(label)
+
+    def _api_name(self, name: str) -> str:
+        found = self._api_names.get(name)
+        if found is None:
+            if len(self._api_names) > MAX_NAMES:
+                self._api_names.clear()
+            found = self._api_names[name] = strip_api_version(name)
+        return found
+
+    def _memory(self, name: str) -> tuple[str, str]:
+        """Kineto's `Memcpy HtoD (Pageable -> Device)` as nsys names it: `[CUDA memcpy
+        Host-to-Device]`, memory `Pageable to Device`. Other names stay as they are."""
+        found = self._memory_names.get(name)
+        if found is None:
+            if len(self._memory_names) > MAX_NAMES:
+                self._memory_names.clear()
+            found = (name, "")
+            if (copy := _MEMCPY.fullmatch(name)) and copy.group(1) in _KINETO_MEMCPY:
+                kind = MEMCPY_KINDS[_KINETO_MEMCPY[copy.group(1)]]
+                found = (f"[CUDA memcpy {kind}]", f"{copy.group(2)} to {copy.group(3)}")
+            elif memset := _MEMSET.fullmatch(name):
+                found = ("[CUDA memset]", memset.group(1))
+            self._memory_names[name] = found
+        return found
+
+    def _launch(self, args: dict[str, Any]) -> str:
+        grid, block = _dims(args.get("grid")), _dims(args.get("block"))
+        if grid is None or block is None:
+            return ""
+        registers, shared = args.get("registers per thread"), args.get("shared memory")
+        key = (*grid, *block, registers if type(registers) is int else None, shared if type(shared) is int else None)
+        found = self._launches.get(key)
+        if found is None:
+            if len(self._launches) > MAX_NAMES:
+                self._launches.clear()
+            text = f"grid {grid[0]}x{grid[1]}x{grid[2]}, block {block[0]}x{block[1]}x{block[2]}"
+            if key[6] is not None:
+                text += f", {registers} registers"
+            if key[7] is not None:
+                text += f", {shared} B shared"
+            found = self._launches[key] = text
+        return found
+
+
+def _dims(value: Any) -> list[int] | None:
+    """A launch dimension: three integers."""
+    if type(value) is list and len(value) == 3 and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def _link(chunk: Chunk, row: int, call: tuple[int, int, int, str]) -> None:
+    """GPU work at `row` was launched by `call`: the launching thread, the call's start, and a
+    sync is named by its call, as nsys names it."""
+    pid, tid, start, name = call
+    chunk.pid[row] = pid
+    chunk.tid[row] = tid
+    chunk.launch_start[row] = start
+    if chunk.kind[row] == "sync":
+        chunk.name[row] = name

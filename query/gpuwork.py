@@ -1,0 +1,36 @@
+"""The building blocks the analyses share: the kinds of GPU work and of marked ranges as SQL,
+the scope in which ranges meet GPU work, and the running reach of intervals whose gaps are
+idle time. Pure: text only."""
+
+from __future__ import annotations
+
+from tracehouse.model import GPU_WORK
+
+WORK_KINDS = "(" + ", ".join(f"'{kind}'" for kind in GPU_WORK) + ")"  # as SQL
+# ranges a person marked: NVTX ranges (nsys), and the phases and steps of agent.training
+RANGE_KINDS = "('nvtx', 'phase', 'step')"
+NS = "toUnixTimestamp64Nano"
+
+Query = tuple[str, dict[str, object]]
+
+# Ranges meet GPU work on their host, process and thread, whatever run each came in: phases of
+# agent.training and the kernels of a trace of the same process are two runs. Runs whose
+# times count from an unknown origin (nsys before 2021.3) only meet their own rows.
+RELATIVE_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE relative_time)"
+SCOPE = f"if(run_id IN {RELATIVE_RUNS}, run_id, '')"
+TRACED_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE source IN ('nsys', 'kineto'))"
+
+
+def reach(work: str, keys: str = "host, gpu") -> str:
+    """CTE `reach(<keys>, s, e, reach)`: each interval with the latest end of those sorted
+    before it on its GPU (`keys`). Where it starts after that reach, the GPU was idle in
+    [reach, s): a gap (the first interval's empty frame gives reach 0, and no interval ends at 0)."""
+    return f"""
+reach AS (
+    SELECT {keys}, s, e,
+           max(e) OVER (PARTITION BY {keys} ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM ({work}) WHERE e > s
+)"""
+
+
+GAP = "reach > 0 AND s > reach"

@@ -1,0 +1,206 @@
+"""The SQL of NVTX→GPU projection and phases: marked ranges (NVTX ranges, phases, steps) with
+the GPU work launched from inside them, the busy % of the GPU inside them and the host's
+telemetry there. Pure: text and bound parameters."""
+
+from __future__ import annotations
+
+from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query
+from query.sql import capped_sum
+from query.window import COMPLETE, Predicates
+
+PHASE_METRICS = {"sm_util": "gpu.util_pct", "mem_used": "gpu.mem_used_bytes", "power": "gpu.power_w"}
+
+
+def _ranges(where: Predicates, materialized: bool = False) -> str:
+    """CTE `ranges`: NVTX ranges, phases and steps in the window. Materialized (computed
+    once, not once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
+    return f"""
+ranges AS {"MATERIALIZED " if materialized else ""}(
+    SELECT id AS range_id, run_id, host, {SCOPE} AS scope, kind, name, pid, tid, depth,
+           extras['style'] AS style, {NS}(start) AS rs, {NS}(end) AS re
+    FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
+)"""
+
+
+def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
+    """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (host,
+    thread, kind, style, depth) never overlap, so per lane the latest range starting at or before
+    the time is the only candidate; every row is tried against every lane. (A step and the
+    phases inside it overlap at depth 0: their kinds keep them in lanes of their own.) The
+    lane is joined on its 64-bit hash: one integer key is several times faster than six columns."""
+    return f"""
+(SELECT *, cityHash64(host, scope, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
+ ARRAY JOIN (SELECT groupUniqArray((kind, style, depth)) FROM {ranges}) AS level) AS w
+ASOF INNER JOIN (SELECT *, cityHash64(host, scope, pid, tid, kind, style, depth) AS lane FROM {ranges}) AS r
+    ON w.lane = r.lane AND w.{time} >= r.rs"""
+
+
+def _projection(ranges: str) -> str:
+    """CTEs `projected` and `projection`: each range of `ranges` with the GPU work launched
+    from inside it (same host, process and thread)."""
+    work = f"""
+SELECT host, {SCOPE} AS scope, pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
+FROM {{db}}.events
+WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
+  AND host IN (SELECT DISTINCT host FROM {ranges})
+  AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
+  AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
+    return f"""
+projected AS (
+    SELECT r.range_id AS range_id, min(w.s) AS first_start, max(w.e) AS last_end, count() AS ops,
+           countIf(w.kind = 'kernel') AS kernel_ops
+    FROM {_levels_join(work, "ls", ranges)}
+    WHERE w.ls < r.re
+    GROUP BY r.range_id
+),
+projection AS (
+    SELECT {ranges}.*, p.ops AS ops, p.kernel_ops AS kernel_ops,
+           if(p.ops > 0, p.first_start, NULL) AS first_start, if(p.ops > 0, p.last_end, NULL) AS last_end,
+           last_end - first_start AS projected
+    FROM {ranges} LEFT JOIN projected AS p USING range_id
+)"""
+
+
+def nvtx_gpu_summary(where: Predicates) -> Query:
+    """Per range name: instances, range time, and the projected GPU time of the ranges."""
+    # output names never reuse an input column's name: ClickHouse would read the alias instead
+    sql = f"""
+WITH {_ranges(where, materialized=True)},
+{_projection("ranges")}
+SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
+       {capped_sum("projected")} AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
+       quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
+       max(projected) AS gpu_max_ns, if(countIf(ops > 0) > 1, stddevSamp(projected), 0) AS gpu_stddev_ns,
+       sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
+FROM projection GROUP BY name ORDER BY gpu_total_ns DESC, name
+SETTINGS enable_materialized_cte = 1"""
+    return sql, where.params
+
+
+def nvtx_gpu_ranges(where: Predicates, limit: int) -> Query:
+    """The first `limit` ranges in start order, each with its projection: only their work is read."""
+    sql = f"""
+WITH {_ranges(where)},
+first_ranges AS (SELECT * FROM ranges ORDER BY rs, range_id LIMIT {{limit:UInt32}}),
+{_projection("first_ranges")}
+SELECT range_id, kind, name, style, depth, pid, tid, rs AS start_ns, re AS end_ns, re - rs AS duration_ns,
+       first_start AS gpu_start_ns, last_end AS gpu_end_ns, projected AS gpu_duration_ns, ops AS gpu_ops,
+       kernel_ops AS kernels
+FROM projection ORDER BY rs, range_id"""
+    return sql, {**where.params, "limit": limit}
+
+
+def phases(where: Predicates) -> Query:
+    """Per range name, host and GPU: instances, time, the busy % of the GPU inside them, and
+    the host's NVML telemetry inside them.
+
+    A range belongs to the GPUs its process ran work on (all the host's GPUs when it ran
+    none). Busy % is NULL for names whose ranges come from no trace and have no GPU work on
+    record on their host (phases of agent.training with no trace beside them): unknown,
+    not idle. The range borders
+    cut each GPU's time into segments. Busy time before each border comes from one sorted
+    pass over the work and the borders together; an instance's busy time is the difference at
+    its two borders. Each segment knows the set of names covering
+    it (its cover); one ASOF join puts each sample in its segment, so every sample is read
+    once whatever the number of names, and counts once per name covering it."""
+    metrics = ", ".join(f"'{m}'" for m in PHASE_METRICS.values())
+    lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
+    hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
+    in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
+    order = "PARTITION BY key ORDER BY t, border, e"
+    telemetry = ",\n       ".join(
+        f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
+        f"maxIf(top, metric = '{metric}') AS {name}_max"
+        for name, metric in PHASE_METRICS.items()
+    )
+    results = ", ".join(
+        f"if(i.{n}_n > 0, i.{n}_sum / i.{n}_n, NULL) AS {n}_avg, if(i.{n}_n > 0, i.{n}_max, NULL) AS {n}_max"
+        for n in PHASE_METRICS
+    )
+    sql = f"""
+WITH {_ranges(where, materialized=True)},
+process_gpus AS MATERIALIZED (
+    SELECT DISTINCT host, {SCOPE} AS scope, pid, gpu FROM {{db}}.events
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges}
+),
+host_gpus AS MATERIALIZED (
+    SELECT DISTINCT host, gpu FROM process_gpus
+    UNION DISTINCT
+    SELECT DISTINCT host, gpu FROM {{db}}.samples
+    WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {lo} AND ts < {hi}
+),
+instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
+    SELECT r.range_id AS range_id, cityHash64(g.host, g.gpu) AS key, r.rs AS rs, r.re AS re
+    FROM ranges AS r INNER JOIN process_gpus AS g ON g.host = r.host AND g.scope = r.scope AND g.pid = r.pid
+    UNION ALL
+    SELECT r.range_id, cityHash64(g.host, g.gpu), r.rs, r.re
+    FROM ranges AS r INNER JOIN host_gpus AS g ON g.host = r.host
+    WHERE (r.host, r.scope, r.pid) NOT IN (SELECT host, scope, pid FROM process_gpus)
+),
+stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
+    SELECT cityHash64(host, gpu) AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
+           0 AS range_id FROM {{db}}.events
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t
+    UNION ALL
+    SELECT key, border.1, 0, 1, border.2, range_id FROM instances ARRAY JOIN [(rs, -1), (re, 1)] AS border
+),
+reached AS (  -- reach: the latest end of the work before each row
+    SELECT key, t, e, border, sign, range_id,
+           max(e) OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM stream
+),
+borders AS MATERIALIZED (  -- busy: GPU time covered before t (work adds what it covers past the reach);
+    -- n: how many borders lie at or before t, the same for borders at one time
+    SELECT key, t, sign, range_id, n, covered - greatest(0, reach - t) AS busy FROM (
+        SELECT key, t, border, sign, range_id, reach,
+               sum(if(border = 0, greatest(0, e - greatest(t, reach)), 0)) OVER ({order} ROWS UNBOUNDED PRECEDING)
+                   AS covered,
+               sum(border) OVER ({order} RANGE UNBOUNDED PRECEDING) AS n
+        FROM reached
+    ) WHERE border = 1
+),
+spans AS MATERIALIZED (  -- each instance: its length, busy time, and the numbers of its borders
+    SELECT key, range_id, sum(sign * t) AS length, sum(sign * busy) AS busy, min(n) AS first, max(n) AS last
+    FROM borders GROUP BY key, range_id
+),
+covers AS MATERIALIZED (  -- segment n runs from the borders numbered n to the next ones
+    SELECT key, n, arraySort(groupUniqArray(name)) AS names, cityHash64(names) AS cover
+    FROM (SELECT s.key AS key, r.name AS name, arrayJoin(range(s.first, s.last)) AS n
+          FROM spans AS s INNER JOIN ranges AS r USING (range_id))
+    GROUP BY key, n
+),
+segments AS (  -- every border time starts a segment; cover 0: no range covers it
+    SELECT b.key AS key, b.t AS s, c.cover AS cover
+    FROM (SELECT DISTINCT key, t, n FROM borders) AS b LEFT JOIN covers AS c ON c.key = b.key AND c.n = b.n
+),
+inside AS (
+    SELECT key, cover, metric, count() AS n, sum(value) AS total, max(value) AS top
+    FROM (SELECT cityHash64(host, gpu) AS key, metric, {NS}(ts) AS t, value FROM {{db}}.samples
+          WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
+            AND ts >= {lo} AND ts < {hi}) AS w
+    ASOF INNER JOIN segments AS g ON g.key = w.key AND w.t >= g.s
+    WHERE cover != 0
+    GROUP BY key, cover, metric
+),
+gpus AS (SELECT DISTINCT host, gpu, cityHash64(host, gpu) AS key FROM host_gpus),
+named AS (
+    SELECT name, key, sum(n) AS samples,
+       {telemetry}
+    FROM inside INNER JOIN (SELECT DISTINCT key, cover, names FROM covers) AS c USING (key, cover)
+    ARRAY JOIN names AS name
+    GROUP BY name, key
+)
+SELECT s.name AS name, g.host AS host, g.gpu AS gpu, s.instances AS instances, s.total_ns AS total_ns,
+       if(s.total_ns > 0 AND s.traced > 0, 100 * toFloat64(s.busy_ns) / s.total_ns, NULL) AS busy_pct,
+       i.samples AS samples,
+       {results}
+FROM (SELECT r.name AS name, key, count() AS instances, {capped_sum("length")} AS total_ns,
+             {capped_sum("busy")} AS busy_ns,
+             countIf(r.run_id IN {TRACED_RUNS} OR (r.host, r.scope) IN (SELECT host, scope FROM process_gpus))
+                 AS traced  -- from a trace, or with GPU work on record on the host
+      FROM spans AS s INNER JOIN ranges AS r USING (range_id) GROUP BY name, key) AS s
+INNER JOIN gpus AS g ON g.key = s.key
+LEFT JOIN named AS i ON i.name = s.name AND i.key = s.key
+ORDER BY total_ns DESC, name, host, gpu
+SETTINGS enable_materialized_cte = 1"""
+    return sql, where.params

@@ -1,0 +1,137 @@
+"""`tracehouse bench import [--kineto]`: `tracehouse import` of an Nsight Systems export or a
+PyTorch-profiler trace into a `tracehouse serve`, against only reading the same file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.runs.children import with_parent
+from tracehouse.bench.common import _child_environment, _stamp, _watch_rss, serving
+
+GOAL_IMPORT_RATIO = 0.5
+GOAL_IMPORT_EVENTS_PER_S = 1_000_000
+
+
+def _scan(path: Path, table_names: list[str]) -> int:
+    """The baseline: read every row of the tables with Python's sqlite3, nothing else."""
+    rows = 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+        for table in table_names:
+            cursor = connection.execute(f"SELECT * FROM {table}")
+            while chunk := cursor.fetchmany(65_536):
+                rows += len(chunk)
+    return rows
+
+
+def bench_import(events: int, path: Path | None) -> dict[str, Any]:
+    """`tracehouse import` of a synthetic export of `events` events into a `tracehouse serve`,
+    each its own process as in production, against a plain sqlite3 scan of the same tables
+    in this process. The importer's peak memory comes from the kernel's accounting of it."""
+    from agent.traces.nsys import Export
+    from agent.traces.nsys_synthetic import Spec, write_export
+
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        if path is None:
+            path = Path(folder) / "synthetic.sqlite"
+            per_step = 51  # events of one step of the synthetic workload with 20 kernels
+            write_export(path, Spec(steps=max(1, events // per_step), kernels_per_step=20, gpu_metrics=False))
+        file_bytes = path.stat().st_size
+        with Export(path) as export:
+            source_tables = [s.table for s in export.sources()]
+        started = time.perf_counter()
+        scanned = _scan(path, source_tables)
+        scan_seconds = time.perf_counter() - started
+        result, stored, peak_rss = _import_in_processes(path, folder)
+    import_seconds = result["seconds"]
+    imported = sum(result["events"].values())
+    scan_rate = scanned / scan_seconds
+    import_rate = imported / import_seconds
+    return {
+        **_stamp("import"),
+        "file_bytes": file_bytes,
+        "events": imported,
+        "stored_events": stored,
+        "import_seconds": round(import_seconds, 2),
+        "import_events_per_s": round(import_rate),
+        "sqlite3_scan_rows": scanned,
+        "sqlite3_scan_rows_per_s": round(scan_rate),
+        "ratio": round(import_rate / scan_rate, 3),
+        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        "goal": {
+            "ratio": GOAL_IMPORT_RATIO,
+            "events_per_s": GOAL_IMPORT_EVENTS_PER_S,
+            "met": import_rate / scan_rate >= GOAL_IMPORT_RATIO and import_rate >= GOAL_IMPORT_EVENTS_PER_S,
+        },
+    }
+
+
+def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, list[int]]:
+    """`tracehouse import` of `path` into a `tracehouse serve` on a store in `folder`, each its own
+    process: the importer's JSON line, the events stored, and the importer's sampled memory."""
+    import subprocess
+    import sys
+
+    with serving(folder) as (address, _):
+        importer = subprocess.Popen(
+            with_parent([sys.executable, "-m", "tracehouse.cli.main", "import", "--server", address, str(path)]),
+            env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert importer.stdout is not None
+        peak_rss = _watch_rss(importer.pid)
+        output = importer.stdout.read()
+        if importer.wait() != 0:
+            raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
+        result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+        from query.client import Client
+
+        with Client(address) as client:
+            stored = int(client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0])
+    return result, stored, peak_rss
+
+
+def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
+    """`tracehouse import` of a PyTorch-profiler trace (a synthetic one, gzip, of about `events`
+    events, unless given one) into a `tracehouse serve`, each its own process as in production,
+    against a plain `json.load` of the same file in this process (Python's C decoder, gzip
+    included; it holds the whole trace in memory, as the importer does not)."""
+    import gzip
+
+    from agent.traces.kineto_synthetic import KinetoSpec, events_per_step, write_trace
+    from agent.traces.tracefile import GZIP_MAGIC
+
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        if path is None:
+            path = Path(folder) / "synthetic.pt.trace.json.gz"
+            write_trace(path, KinetoSpec(steps=max(1, events // events_per_step(KinetoSpec()))))
+        file_bytes = path.stat().st_size
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == GZIP_MAGIC
+        started = time.perf_counter()
+        with gzip.open(path, "rt", encoding="utf-8") if gzipped else path.open(encoding="utf-8") as text:
+            trace = json.load(text)
+        in_file = len(trace["traceEvents"] if isinstance(trace, dict) else trace)
+        load_seconds = time.perf_counter() - started
+        del trace
+        result, stored, peak_rss = _import_in_processes(path, folder)
+    imported = sum(result["events"].values())
+    import_rate = in_file / result["seconds"]
+    load_rate = in_file / load_seconds
+    return {
+        **_stamp("import-kineto", "ijson"),
+        "file_bytes": file_bytes,
+        "json_load_events": in_file,
+        "events": imported,
+        "skipped": result["skipped"],
+        "stored_events": stored,
+        "import_seconds": round(result["seconds"], 2),
+        "import_events_per_s": round(import_rate),
+        "json_load_seconds": round(load_seconds, 2),
+        "json_load_events_per_s": round(load_rate),
+        "ratio": round(import_rate / load_rate, 3),
+        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+    }

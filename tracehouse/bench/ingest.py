@@ -1,0 +1,140 @@
+"""`tracehouse bench ingest`: sample values through the Ingest service against inserting the
+same values straight into the store, in the same process on the same data."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ingest.store import Store
+from ingest.validate import ValidatedBatch, validate_batch
+from tracehouse.batch import BatchBuilder, encode_request
+from tracehouse.bench.common import _each, _stamp, _timed
+from tracehouse.channel import encoded_write
+from tracehouse.cli.serve import create_server
+from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.v1 import batch_pb2, ingest_pb2
+
+GPUS = 8
+METRICS = tuple(
+    f"gpu.{name}"
+    for name in (
+        "util", "mem_util", "mem_used", "mem_total", "power", "energy", "temp", "sm_clock",
+        "mem_clock", "pcie_tx", "pcie_rx", "throttle", "ecc_sbe", "ecc_dbe", "fan", "perf_state",
+    )
+)  # fmt: skip
+TICK_NS = 100_000_000  # 10 Hz
+GOAL_RATIO = 0.8
+GOAL_VALUES_PER_S = 2_000_000
+
+
+def telemetry_batches(run_id: str, rows: int, batch_rows: int, t0: int) -> list[batch_pb2.Batch]:
+    """`rows` sample values shaped like the agent's: every metric of every GPU per 10 Hz tick,
+    one timestamp per GPU tick, values that change slowly."""
+    per_tick = GPUS * len(METRICS)
+    ticks_per_batch = max(1, batch_rows // per_tick)
+    ticks = max(1, rows // per_tick)
+    rng = np.random.default_rng(7)
+    batches = []
+    for first in range(0, ticks, ticks_per_batch):
+        count = min(ticks_per_batch, ticks - first)
+        builder = BatchBuilder(f"{run_id}-{first}", run_id=run_id, host="bench-host")
+        tick_times = t0 + (first + np.arange(count)) * TICK_NS
+        for gpu in range(GPUS):
+            jitter = rng.integers(0, 50_000, count)  # the sampler's µs-scale jitter
+            for m, metric in enumerate(METRICS):
+                values = np.round(50 + 40 * np.sin((first + np.arange(count)) / (20 + m)), 1)
+                builder.add_samples(metric, tick_times + jitter, values, gpu=gpu)
+        batches.append(builder.build())
+    return batches
+
+
+def bench_ingest(
+    rows: int, batch_rows: int, rounds: int, store_url: str | None, concurrency: int = 2
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        store = Store.open(store_url or f"chdb://{folder}/store", DEFAULT_LIMITS)
+        server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{server.port}", options=[("grpc.max_send_message_length", 256 << 20)]
+        )
+        write = encoded_write(channel)  # the requests are encoded before the clock starts
+        direct = store.location.client()
+        try:
+            return _run(rows, batch_rows, rounds, concurrency, store, write, direct)
+        finally:
+            direct.close()
+            channel.close()
+            server.stop(5)
+            store.close()
+
+
+def _run(
+    rows: int,
+    batch_rows: int,
+    rounds: int,
+    concurrency: int,
+    store: Store,
+    write: Callable[..., ingest_pb2.WriteResponse],
+    direct: Any,
+) -> dict[str, Any]:
+    t0 = 1_790_000_000_000_000_000
+    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "encode": []}
+    sent = 0
+    for round_ in range(rounds):
+        span = rows // (GPUS * len(METRICS)) * TICK_NS
+        start = t0 + round_ * 2 * span
+        started = time.perf_counter()
+        encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
+        encode_seconds = time.perf_counter() - started
+        tables: list[ValidatedBatch] = [
+            validate_batch(b, DEFAULT_LIMITS, 0)
+            for b in telemetry_batches(f"direct-{round_}", rows, batch_rows, start + span)
+        ]
+        values = sum(t.rows()["samples"] for t in tables)
+        rates["encode"].append(values / encode_seconds)
+
+        def send(request: bytes) -> None:
+            write(request, timeout=120)
+
+        def insert(batch: ValidatedBatch) -> None:
+            direct.insert_arrow(f"{store.db}.samples", batch.samples)
+
+        # alternate which goes first, so that merges started by one do not tax only the other
+        runs: list[tuple[str, Callable[[], None]]] = [
+            ("grpc", partial(_each, concurrency, send, encoded)),
+            ("direct", partial(_each, concurrency, insert, tables)),
+        ]
+        for name, work in runs if round_ % 2 == 0 else runs[::-1]:
+            rates[name].append(values / _timed(work))
+        sent += values
+    stored = store.query("SELECT count() AS n FROM {db}.samples WHERE startsWith(run_id, 'grpc-')")
+    grpc_rate = statistics.median(rates["grpc"])
+    direct_rate = statistics.median(rates["direct"])
+    return {
+        **_stamp("ingest", "chdb", "grpcio"),
+        "rows_per_round": rows,
+        "batch_rows": batch_rows,
+        "rounds": rounds,
+        "concurrency": concurrency,
+        "grpc_rows_per_s": round(grpc_rate),
+        "direct_rows_per_s": round(direct_rate),
+        "ratio": round(grpc_rate / direct_rate, 3),
+        "grpc_rows_per_s_rounds": [round(r) for r in rates["grpc"]],
+        "direct_rows_per_s_rounds": [round(r) for r in rates["direct"]],
+        "client_encode_rows_per_s": round(statistics.median(rates["encode"])),
+        "sent_rows": sent,
+        "stored_rows": int(stored.column("n")[0].as_py()),
+        "goal": {
+            "ratio": GOAL_RATIO,
+            "values_per_s": GOAL_VALUES_PER_S,
+            "met": grpc_rate / direct_rate >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
+        },
+    }

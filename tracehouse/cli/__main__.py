@@ -1,0 +1,7 @@
+"""`python -m tracehouse.cli`: the `tracehouse` command."""
+
+import sys
+
+from tracehouse.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""`tracehouse bench`: its options; the benches themselves are in tracehouse/bench/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES
+from tracehouse.cli.options import _positive, _seconds, _size, _size_text
+
+
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="measure a capability against a baseline; prints JSON")
+    sub = bench.add_subparsers(dest="what", required=True, metavar="WHAT")
+    ingest = sub.add_parser("ingest", help="rows/s through gRPC into the store vs a direct insert")
+    ingest.add_argument("--rows", type=_positive, default=4_000_000, help="sample values per round")
+    ingest.add_argument("--batch-rows", type=_positive, default=100_000)
+    ingest.add_argument("--rounds", type=_positive, default=3)
+    ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
+    nsys = sub.add_parser(
+        "import", help="events/s importing an Nsight Systems export vs a sqlite3 scan (--kineto: a PyTorch trace)"
+    )
+    nsys.add_argument(
+        "--events", type=_positive, default=None, help="size of the synthetic file (default 5 M; with --kineto, 1 M)"
+    )
+    nsys.add_argument("--file", type=Path, default=None, help="a file to import instead of a synthetic one")
+    nsys.add_argument(
+        "--kineto", action="store_true", help="a PyTorch-profiler trace (JSON), against a plain json.load of it"
+    )
+    query = sub.add_parser("query", help="latency of the analyses on one big synthetic run")
+    query.add_argument("--kernels", type=_positive, default=10_000_000, help="kernels (and as many API calls)")
+    query.add_argument("--ranges", type=_positive, default=1_000_000, help="NVTX ranges")
+    query.add_argument("--samples", type=_positive, default=100_000_000, help="NVML samples")
+    agent = sub.add_parser("agent", help="the agent's CPU share of one core, simulated GPUs at 10 Hz")
+    agent.add_argument("--gpus", type=_positive, default=8)
+    agent.add_argument("--interval", type=_seconds, default=0.1)
+    agent.add_argument("--seconds", type=_seconds, default=30.0)
+    storage = sub.add_parser("storage", help="bytes on disk per sample value and per event vs Parquet")
+    storage.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs (default %(default)s)")
+    storage.add_argument("--minutes", type=_seconds, default=60.0, help="of telemetry at 10 Hz (default %(default)s)")
+    storage.add_argument("--steps", type=_positive, default=10_000, help="training steps of the synthetic trace")
+    train = sub.add_parser("train", help="ns per step()/phase()/scalar() call of the training API, server up and down")
+    train.add_argument(
+        "--calls", type=_positive, default=100_000, help="calls per round, at most 262144 (default %(default)s)"
+    )
+    train.add_argument("--rounds", type=_positive, default=5, help="(default %(default)s)")
+    load = sub.add_parser("load", help="many simulated agents against one server: values/s, write latency, memory")
+    load.add_argument("--agents", type=_positive, default=32)
+    load.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs per agent")
+    load.add_argument("--interval", type=_seconds, default=0.1)
+    load.add_argument("--seconds", type=_seconds, default=60.0, help="how long the agents sample")
+    load.add_argument(
+        "--max-pending-bytes",
+        type=_size,
+        default=_size_text(DEFAULT_MAX_PENDING_BYTES),
+        metavar="SIZE",
+        help="the server's bound (default %(default)s)",
+    )
+    run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
+    run.add_argument(
+        "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"
+    )
+    run.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs its agent samples (default %(default)s)")
+    run.add_argument(
+        "--seconds", type=_seconds, default=20.0, help="how long the CPU is measured (default %(default)s)"
+    )
+    run.add_argument(
+        "--children", type=_positive, default=16, help="processes in the walked tree (default %(default)s)"
+    )

@@ -1,0 +1,79 @@
+"""The `tracehouse` command: its parser, made of each command group's, and the dispatch to their run_*."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from tracehouse import __version__
+from tracehouse.cli.agent_commands import (
+    _add_agent,
+    _add_demo_train,
+    _add_import,
+    run_agent,
+    run_demo_train,
+    run_import,
+)
+from tracehouse.cli.bench_command import _add_bench
+from tracehouse.cli.query_command import _add_query, run_query
+from tracehouse.cli.run_command import _add_run, run_run
+from tracehouse.cli.server_commands import _add_schema, _add_serve, run_schema, run_serve, run_ui
+from tracehouse.cli.token_command import _add_token, run_token
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracehouse", description="GPU telemetry and Nsight Systems traces on one timeline."
+    )
+    parser.add_argument("--version", action="version", version=f"tracehouse {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(commands)
+    _add_agent(commands)
+    _add_run(commands)
+    _add_import(commands)
+    _add_demo_train(commands)
+    _add_query(commands)
+    _add_bench(commands)
+    _add_token(commands)
+    _add_schema(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for chatty in ("urllib3", "clickhouse_connect"):  # their retries are reported by us, once
+        logging.getLogger(chatty).setLevel(logging.ERROR)
+    if args.command == "query":
+        return run_query(args)
+    if args.command in ("serve", "up"):
+        return run_serve(args)
+    if args.command == "ui":
+        return run_ui(args)
+    if args.command == "token":
+        return run_token(args)
+    if args.command == "agent":
+        return run_agent(args)
+    if args.command == "import":
+        return run_import(args)
+    if args.command == "schema":
+        return run_schema(args)
+    if args.command == "demo-train":
+        return run_demo_train(args)
+    if args.command == "run":
+        return run_run(args)
+    if args.command == "bench":
+        from tracehouse.bench import main as bench
+
+        return bench.main(args)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""What the commands share: exit statuses, argument types, the --server and client-security options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracehouse import config
+from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.timefmt import parse_time
+
+if TYPE_CHECKING:
+    from tracehouse.channel import ClientSecurity
+
+EXIT_UNAVAILABLE = 1
+EXIT_USAGE = 2
+
+
+def _time(text: str) -> int:
+    try:
+        return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def _tick(text: str) -> float:
+    value = _seconds(text)
+    if value < 0.001:
+        raise argparse.ArgumentTypeError(
+            f"{text} s: readings are stamped to the millisecond; sample at most every 0.001 s"
+        )
+    return value
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    number = text[:-1] if unit else text
+    if unit not in _SIZE_UNITS or not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M, G or T)")
+    return int(number) * _SIZE_UNITS[unit]
+
+
+def _size_text(size: int) -> str:
+    """`size` as `_size` reads it, in the largest unit that divides it: 268435456 is 256M."""
+    unit = next((unit for unit in ("T", "G", "M", "K") if size % _SIZE_UNITS[unit] == 0), "")
+    return f"{size // _SIZE_UNITS[unit]}{unit}"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1..65535)")
+    return value
+
+
+def _gpu(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU index") from None
+    if not -1 <= value <= DEFAULT_LIMITS.max_gpu_index:
+        raise argparse.ArgumentTypeError(f"{value} is not a GPU index (-1 or 0..{DEFAULT_LIMITS.max_gpu_index})")
+    return value
+
+
+def _tag(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
+def _duration(text: str) -> int:
+    from tracehouse.timefmt import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_server_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=None,
+        help=f"address of tracehouse serve (default ${config.ENV_SERVER} or {config.DEFAULT_SERVER})",
+    )
+
+
+def _add_paths(group: Any, options: tuple[tuple[str, str, str], ...]) -> None:
+    for flag, metavar, text in options:
+        group.add_argument(flag, type=Path, default=None, metavar=metavar, help=text)
+
+
+def _add_client_security(parser: argparse.ArgumentParser) -> None:
+    _add_paths(
+        parser.add_argument_group("security (TLS is on with --tls-ca)"),
+        (
+            ("--token-file", "FILE", f"file holding a bearer token for the server (default ${config.ENV_TOKEN_FILE})"),
+            ("--tls-ca", "PEM", f"use TLS, trusting server certificates this CA signed (default ${config.ENV_TLS_CA})"),
+            (
+                "--tls-cert",
+                "PEM",
+                f"this client's certificate, for a server that wants one (default ${config.ENV_TLS_CERT})",
+            ),
+            ("--tls-key", "PEM", f"the private key of --tls-cert (default ${config.ENV_TLS_KEY})"),
+        ),
+    )
+
+
+def _client_security(args: argparse.Namespace) -> ClientSecurity:
+    """--token-file, --tls-ca, --tls-cert, --tls-key, else their TRACEHOUSE_* variables;
+    a file that cannot be used ends the command (status 2) naming the option."""
+    from tracehouse.channel import client_security
+    from tracehouse.security import SecurityError
+
+    try:
+        return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+    except SecurityError as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
