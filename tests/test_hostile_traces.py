@@ -32,7 +32,6 @@ from agent.traces.watch import FolderWatcher
 from query.client import Client
 from tests.fuzz_worker import Sink
 from tests.helpers import import_refused
-from tracehouse.v1 import batch_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_MEMORY = 3 << 30  # address space of the importing child
@@ -454,16 +453,6 @@ def test_agent_watch_logs_one_line_for_each_hostile_file_and_goes_on(
     os.mkfifo(folder / "b.sqlite")
     (folder / "c.sqlite").symlink_to("/dev/zero")
     write_export(folder / "d.sqlite", Spec(steps=2))
-
-    class Sink:
-        def __init__(self) -> None:
-            self.batches: list[batch_pb2.Batch] = []
-
-        def write(self, batch: batch_pb2.Batch) -> None:
-            self.batches.append(batch)
-
-        def flush(self) -> None:
-            pass
 
     sink = Sink()
     watcher = FolderWatcher(folder, sink, tmp_path / "state.json", host="h")  # type: ignore[arg-type]
