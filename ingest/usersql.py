@@ -22,6 +22,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
 
 from ingest import sqlguard
 from ingest.location import StoreLocation
+from ingest.sqlpositions import in_user_text
 from ingest.storeerrors import SqlRejected, StoreUnavailable, clean_error, error_code
 from tracehouse.model import Limits
 
@@ -91,7 +92,7 @@ class UserSql:
         """Refuse the text unless the engine's parse of it passes sqlguard; the parse is of the text
         that runs, with the format clause the client appends (only its name differs)."""
         settings = {"max_execution_time": self.limits.sql_max_seconds, "readonly": 1}
-        with self._user_client(settings, sql, started) as client:
+        with self._user_client(settings, sql, started, f"EXPLAIN AST {_head(text, sql)}") as client:
             dump = client.raw_query(f"EXPLAIN AST {text}", fmt=_AST_FORMAT)
             databases = [str(row[0]) for row in client.query("SELECT name FROM system.databases").result_rows]
         lines = dump.decode("utf-8", "replace").split("\n")
@@ -116,19 +117,20 @@ class UserSql:
             **({"distributed_product_mode": "allow"} if self._cluster else {}),
             "readonly": 1,  # last: once set, the session may change no other setting
         }
-        with self._user_client(settings, sql, started) as client:
+        with self._user_client(settings, sql, started, _head(text, sql)) as client:
             return bytes(client.raw_query(text, fmt="ArrowStream"))
 
     @contextlib.contextmanager
-    def _user_client(self, settings: Mapping[str, Any], sql: str, started: float) -> Iterator[Client]:
+    def _user_client(self, settings: Mapping[str, Any], sql: str, started: float, head: str) -> Iterator[Client]:
         """A client of its own for user SQL (the engine keeps settings per session, and readonly must
-        not leak to writers), closed after; the engine's refusals as SqlRejected."""
+        not leak to writers), closed after; the engine's refusals as SqlRejected, their positions in
+        `sql` (`head`: the text the engine sees before the user's)."""
         client = self._connect(settings)
         try:
             client.database = self.location.database
             yield client
         except DatabaseError as error:
-            raise _sql_rejection(error, sql, self.limits, started) from error
+            raise _sql_rejection(error, sql, self.limits, started, head) from error
         except ClickHouseError as error:
             raise StoreUnavailable(f"store {self.location.display}: {clean_error(error)}") from error
         finally:
@@ -143,9 +145,16 @@ def ipc_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
-def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: float) -> SqlRejected:
+def _head(text: str, sql: str) -> str:
+    """The wrapper's text before the user's: `text` is sqlguard.wrap(sql)."""
+    return text[: len(text) - len(sql.strip().rstrip(";")) - len("\n)")]
+
+
+def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: float, head: str) -> SqlRejected:
     code = error_code(error)
     message = _VERSION.sub("", clean_error(error))
+    if code == _SYNTAX_ERROR:
+        message = in_user_text(message, sql, head)
     statement = _NOT_A_QUERY.search(_COMMENTS.sub(" ", sql)) if code == _SYNTAX_ERROR else None
     if statement:
         verb = " ".join(statement.group(1).upper().split())

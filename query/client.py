@@ -105,8 +105,8 @@ def arrow_table(message: query_pb2.Table) -> pa.Table:
 
 
 class Client:
-    """A connection to `tracehouse serve`. Window keywords on every method: run, host,
-    gpu, start, end."""
+    """A connection to `tracehouse serve`. Window keywords on every method: run (an id, or a run's
+    name where one run has it), host, gpu, start, end."""
 
     def __init__(
         self, server: str | None = None, timeout: float = 60.0, security: ClientSecurity | None = None
@@ -268,10 +268,13 @@ class Client:
         return frame_of(answer)
 
     def gpu_time(self, min_gap_ns: int = 0, max_gaps: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
-        """{"gpus": busy/idle per GPU, "gaps": idle gaps longer than min_gap_ns, longest first}."""
+        """{"gpus": busy/idle per GPU, "gaps": the `max_gaps` longest idle gaps longer than min_gap_ns,
+        longest first}; gaps.attrs["gap_count"]: how many such gaps there are in all."""
         request = query_pb2.GpuTimeRequest(window=make_window(**window), min_gap_ns=min_gap_ns, max_gaps=max_gaps)
         answer = self._call("GpuTime", request)
-        return {"gpus": frame_of(answer.gpus), "gaps": frame_of(answer.gaps)}
+        gaps = frame_of(answer.gaps)
+        gaps.attrs["gap_count"] = answer.gap_count
+        return {"gpus": frame_of(answer.gpus), "gaps": gaps}
 
     def nvtx_gpu(self, limit: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
         """{"summary": per range name, "ranges": the first `limit` ranges, each with the GPU work

@@ -24,9 +24,9 @@ MAX_COMPARE_BUCKETS = 1_000_000  # bucket rows of all the runs together
 
 @dataclass(frozen=True)
 class CompareSpan:
-    """One run to compare: its host, [start, end) (an open run's end resolved) and the GPU
-    indices it declared (attrs `gpus` of a run of source `user`; empty: unknown). Indices past
-    DEFAULT_LIMITS.max_gpu_index make the declaration unknown."""
+    """One run to compare: its host, [start, end) (an open run's end resolved) and its GPU
+    indices when known (query/rungpus.py; empty: unknown). Indices past
+    DEFAULT_LIMITS.max_gpu_index make them unknown."""
 
     run_id: str
     host: str
@@ -39,7 +39,7 @@ def compare_runs(run_ids: Sequence[str], tags: Mapping[str, str], limit: int) ->
     """The runs to compare: those named (importing ones too: the caller refuses them), in the
     order named, then those carrying every one of `tags` (newest first), at most `limit`. An
     open run (end NULL) ends at its host's latest sample (+1 ns) or event end since it began:
-    `until_ns`."""
+    `until_ns`; `registered`: the GPU indices of the devices registered under the run."""
     matching = tag_predicates(Predicates(["NOT importing"]), tags) if tags else Predicates(["0"])
     since = "fromUnixTimestamp64Nano((SELECT min(since) FROM open_hosts), 'UTC')"
     order = "wanted = 0, wanted, start_ns DESC, run_id"
@@ -62,12 +62,16 @@ latest AS (
         SELECT host, {NS}(max(end)) FROM {{db}}.events
         WHERE host IN (SELECT host FROM open_hosts) AND start >= {since} GROUP BY host
     ) GROUP BY host
+),
+registered AS (  -- the devices registered under each run (an import's trace GPUs, an agent's sampled ones)
+    SELECT run_id, arraySort(groupUniqArray(gpu)) AS gpus FROM {{db}}.devices FINAL
+    WHERE run_id IN (SELECT run_id FROM picked) AND gpu >= 0 GROUP BY run_id
 )
 SELECT p.run_id AS run_id, p.name AS name, p.host AS host, p.source AS source, p.start_ns AS start_ns,
        p.end_ns AS end_ns, p.relative_time AS relative_time, p.importing AS importing, p.tags AS tags, p.attrs AS attrs,
        if(p.end_ns IS NULL, if(p.relative_time, p.start_ns, greatest(p.start_ns, l.latest)), p.end_ns) AS until_ns,
-       p.wanted AS wanted
-FROM picked AS p LEFT JOIN latest AS l ON l.host = p.host
+       p.wanted AS wanted, d.gpus AS registered
+FROM picked AS p LEFT JOIN latest AS l ON l.host = p.host LEFT JOIN registered AS d ON d.run_id = p.run_id
 ORDER BY {order}"""
     return sql, {**matching.params, "run_ids": list(run_ids), "limit": limit}
 
@@ -106,8 +110,9 @@ def _metric_list(metrics: Sequence[str]) -> str:
 
 
 def compare_telemetry(spans: Sequence[CompareSpan]) -> Query:
-    """Per run (absolute times only): its GPUs (declared; else those its processes have samples
-    on; else every GPU of its host with samples), and the telemetry of its host during [start,
+    """Per run (absolute times only): its GPUs (those of its span when known, see
+    query/rungpus.py; else those its processes have samples on; else every GPU of its host with
+    samples), and the telemetry of its host during [start,
     end), whichever run the samples came with: energy (the counter's rises, resets left out, in
     one agent's series per GPU, summed over its GPUs), GPU utilisation (avg, p95 exact with
     linear interpolation, as numpy's default) and GPM SM activity over its GPUs; and its own
@@ -187,7 +192,7 @@ own_figures AS (
            countIf(mem_n > 0) AS mem_points, maxIf(mem, mem_n > 0) AS mem_peak
     FROM own GROUP BY run_id
 )
-SELECT w.run_id AS run_id, arrayStringConcat(arrayMap(x -> toString(x), arraySort(g.gpus)), ',') AS gpus,
+SELECT w.run_id AS run_id, arraySort(g.gpus) AS gpus,
        if(e.run_id != '', e.energy, NULL) AS energy_j,
        if(f.util_n > 0, f.util_avg, NULL) AS gpu_util_mean, if(f.util_n > 0, f.util_p95, NULL) AS gpu_util_p95,
        if(f.sm_active_n > 0, f.sm_active_avg, NULL) AS sm_active_mean,
@@ -203,9 +208,10 @@ SETTINGS enable_materialized_cte = 1"""
 
 
 def compare_traced(spans: Sequence[CompareSpan], top: int) -> Query:
-    """Per run with GPU work (kernels, memory operations) of its own: busy % (the union of
-    the work's intervals per GPU, clipped to the run, over the run's duration times its GPUs
-    with work), kernels, and the `top` kernel names by total time with their share of it."""
+    """Per run with GPU work (kernels, memory operations) of its own: the GPUs it ran on
+    (`worked`), busy % (the union of the work's intervals per GPU, clipped to the run, over the
+    run's duration times its GPUs with work), kernels, and the `top` kernel names by total time
+    with their share of it."""
     wanted, params = _wanted(spans)
     mine = "host IN {hosts:Array(String)} AND run_id IN {run_ids:Array(String)}"
     work = f"""
@@ -218,7 +224,7 @@ INNER JOIN wanted AS w ON w.run_id = x.run_id"""
 WITH {wanted},
 {reach(work, keys)},
 busy AS (
-    SELECT run_id, {capped_sum("busy_ns")} AS busy_ns, count() AS work_gpus
+    SELECT run_id, {capped_sum("busy_ns")} AS busy_ns, count() AS work_gpus, arraySort(groupUniqArray(gpu)) AS gpus
     FROM (SELECT {keys}, max(e) - min(s) - sumIf(s - reach, {GAP}) AS busy_ns FROM reach GROUP BY {keys})
     GROUP BY run_id
 ),
@@ -232,7 +238,7 @@ kernel_runs AS (
            groupArraySorted({{top:UInt32}})((-total, name)) AS longest  -- longest first: sorted by negated total
     FROM kernel_names GROUP BY run_id
 )
-SELECT w.run_id AS run_id,
+SELECT w.run_id AS run_id, b.gpus AS worked,
        if(b.work_gpus > 0 AND w.e > w.s, 100 * toFloat64(b.busy_ns) / ((w.e - w.s) * b.work_gpus), NULL) AS busy_pct,
        k.instances AS kernels,
        if(k.instances > 0,

@@ -8,7 +8,8 @@ from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
-PHASE_METRICS = {"sm_util": "gpu.util_pct", "mem_used": "gpu.mem_used_bytes", "power": "gpu.power_w"}
+# telemetry inside phases: each metric's columns are named for it and its unit (gpu.util_pct -> gpu_util_pct_avg)
+PHASE_METRICS = {metric.replace(".", "_"): metric for metric in ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w")}
 
 
 def _ranges(where: Predicates, materialized: bool = False) -> str:

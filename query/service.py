@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
 from query import analysis, lanes, sql
+from query.compare_answer import compare_table
 from query.window import (
     Predicates,
     QueryError,
@@ -22,13 +24,17 @@ from query.window import (
     bounds,
     event_predicates,
     names,
+    run_named,
     sample_predicates,
 )
-from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, Limits
+from tracehouse.model import EVENT_KINDS, Limits
+from tracehouse.units import instant
 from tracehouse.v1 import batch_pb2, query_pb2, query_pb2_grpc
 
 DEFAULT_MIN_GAP_NS = 1_000_000
 DEFAULT_SHORT_NS = 10_000
+NAMESAKES_SHOWN = 5  # runs listed when a name is ambiguous
+GAP_COUNT = "SELECT count() AS n FROM gaps WHERE length_ns > {min_gap:Int64}"
 
 
 def window_of(message: query_pb2.Window, limits: Limits) -> Window:
@@ -87,7 +93,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
         span = replace(window, from_ns=found[0]["s"], to_ns=max(found[0]["e"], found[0]["s"] + 1))
         return span.check(self.limits), run
 
-    def _run(self, window: Window) -> RunSpan | None:
+    def _run(self, window: Window, field: str = "window.run_id") -> RunSpan | None:
+        """The window's run: by its id, else by its name where one run has that name."""
         if not window.run_id:
             return None
         found = _rows(self.store.query(sql.run_span(), {"run_id": window.run_id}))
@@ -95,11 +102,28 @@ class QueryService(query_pb2_grpc.QueryServicer):
             # rows that name a run nobody described: the run is just those rows
             if self.store.query(sql.run_rows_exist(), {"run_id": window.run_id}).num_rows:
                 return RunSpan(window.run_id, "", 0, None, relative_time=True)
-            raise RunNotFound(f"run {window.run_id!r} not found")
+            return self._run(replace(window, run_id=self._named(window.run_id, field)), field)
         row = found[0]
         if row["importing"]:
             raise RunNotFound(f"run {window.run_id!r} is still being imported")
         return RunSpan(window.run_id, row["host"], row["start_ns"], row["end_ns"], bool(row["relative_time"]))
+
+    def _named(self, name: str, field: str) -> str:
+        """The id of the one run called `name`; none or several: a refusal that says how to find or pick one."""
+        runs = _rows(self.store.query(run_named(), {"name": name, "limit": NAMESAKES_SHOWN + 1}))
+        if len(runs) == 1:
+            return str(runs[0]["run_id"])
+        if not runs:
+            raise RunNotFound(
+                f"{field}: run {name[:200]!r} not found: no run has that id or name; to list the runs whose name "
+                f"or id contains it: tracehouse query runs --name {shlex.quote(name[:200])}"
+            )
+        listed = "; ".join(
+            f"{shlex.quote(run['run_id'])} (host {run['host']}, started {instant(run['start_ns'])})"
+            for run in runs[:NAMESAKES_SHOWN]
+        )
+        many = f"more than {NAMESAKES_SHOWN}" if len(runs) > NAMESAKES_SHOWN else str(len(runs))
+        raise QueryError(field, f"{many} runs are named {name[:200]!r}: {listed}; name one by its run id")
 
     def ListRuns(self, request: query_pb2.ListRunsRequest, context: Any) -> query_pb2.ListRunsResponse:
         limit = _bounded(request.limit, self.limits.max_list_rows, self.limits.max_list_rows, "limit")
@@ -254,9 +278,16 @@ class QueryService(query_pb2_grpc.QueryServicer):
         )
         gaps = _unfold_gaps(table, max_gaps)
         gpus = table.drop_columns(["gaps"])
+        per_gpu = [len(longest or []) for longest in table.column("gaps").to_pylist()]
+        count = sum(per_gpu)
+        if any(n >= max_gaps for n in per_gpu):  # some GPU has more than it listed: count them all
+            where = event_predicates(window, run)
+            text = f"WITH {analysis._gaps(where, clip_from, clip_to)} {GAP_COUNT}"
+            count = int(self.store.query(text, {**where.params, "min_gap": min_gap}).column("n")[0].as_py())
         return query_pb2.GpuTimeResponse(
             gpus=query_pb2.Table(arrow_ipc=ipc_bytes(gpus), rows=gpus.num_rows),
             gaps=query_pb2.Table(arrow_ipc=ipc_bytes(gaps), rows=gaps.num_rows),
+            gap_count=count,
         )
 
     def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
@@ -289,15 +320,17 @@ class QueryService(query_pb2_grpc.QueryServicer):
         )
 
     def Diff(self, request: query_pb2.DiffRequest, context: Any) -> query_pb2.Table:
+        pair = []
         for field, run_id in (("run_a", request.run_a), ("run_b", request.run_b)):
             if not run_id:
                 raise QueryError(field, "required")
-            self._run(Window(run_id=run_id).check(self.limits))
+            span = self._run(Window(run_id=run_id).check(self.limits), field)
+            pair.append(span.run_id if span else run_id)
         summaries = list(request.summaries) or list(analysis.DIFF_CATEGORIES)
         for name in summaries:
             if name not in analysis.DIFF_CATEGORIES:
                 raise QueryError("summaries", f"{name[:64]!r} is not one of {', '.join(analysis.DIFF_CATEGORIES)}")
-        return self._table(*analysis.diff(request.run_a, request.run_b, summaries, request.limit))
+        return self._table(*analysis.diff(pair[0], pair[1], summaries, request.limit))
 
     def Compare(self, request: query_pb2.CompareRequest, context: Any) -> query_pb2.Table:
         run_ids = list(dict.fromkeys(request.run_ids))  # each once, in the order named
@@ -311,23 +344,18 @@ class QueryService(query_pb2_grpc.QueryServicer):
         top = _bounded(request.top_kernels, 3, 100, "top_kernels")
         found = _rows(self.store.query(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1)))
         named = {row["run_id"]: row for row in found if row["wanted"]}
+        if any(run_id not in named for run_id in run_ids):  # names for runs, where one run has the name
+            run_ids = list(dict.fromkeys(r if r in named else self._named(r, "run_ids") for r in run_ids))
+            found = _rows(self.store.query(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1)))
+            named = {row["run_id"]: row for row in found if row["wanted"]}
         for run_id in run_ids:
             if run_id not in named:
                 raise RunNotFound(f"run {run_id!r} not found")
             if named[run_id]["importing"]:
                 raise RunNotFound(f"run {run_id!r} is still being imported")
         runs = found[: analysis.MAX_COMPARE_RUNS]
-        spans = [
-            analysis.CompareSpan(r["run_id"], r["host"], r["start_ns"], r["until_ns"], _declared_gpus(r)) for r in runs
-        ]
-        absolute = [span for span, run in zip(spans, runs, strict=True) if not run["relative_time"]]
-        telemetry = self._by_run(*analysis.compare_telemetry(absolute)) if absolute else {}
-        traced = self._by_run(*analysis.compare_traced(spans, top)) if spans else {}
-        table = _compare_table(runs, telemetry, traced)
+        table = compare_table(runs, top, lambda text, params: _rows(self.store.query(text, params)))
         return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=len(found) > len(runs))
-
-    def _by_run(self, text: str, params: dict[str, object]) -> dict[str, dict[str, Any]]:
-        return {row["run_id"]: row for row in _rows(self.store.query(text, params))}
 
     def Sql(self, request: query_pb2.SqlRequest, context: Any) -> query_pb2.Table:
         if not request.sql.strip():
@@ -336,71 +364,6 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError("sql", f"longer than {self.limits.max_string_bytes} bytes")
         data, rows, truncated = self.store.user_sql(request.sql, request.max_rows)
         return query_pb2.Table(arrow_ipc=data, rows=rows, truncated=truncated)
-
-
-COMPARE_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("name", pa.string()), ("status", pa.string()), ("exit_code", pa.int64()),
-    ("start", pa.int64()), ("duration_s", pa.float64()), ("gpus", pa.string()), ("energy_j", pa.float64()),
-    ("gpu_util_mean", pa.float64()), ("gpu_util_p95", pa.float64()), ("sm_active_mean", pa.float64()),
-    ("proc_sm_util_mean", pa.float64()), ("gpu_mem_peak_bytes", pa.int64()), ("busy_pct", pa.float64()),
-    ("kernels", pa.int64()), ("top_kernels", pa.string()),
-])  # fmt: skip
-TELEMETRY_COLUMNS = (
-    "energy_j", "gpu_util_mean", "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes",
-)  # fmt: skip
-
-
-def _declared_gpus(run: Mapping[str, Any]) -> tuple[int, ...]:
-    """The GPU indices in the `gpus` attribute ("0,1") of a run of source `user` (`tracehouse
-    run --gpus`); none when absent, not a list of indices, or naming one past max_gpu_index.
-    Agents and importers store a count of GPUs there ("2"), not indices: none for them."""
-    if run["source"] != "user":
-        return ()
-    parts = [part.strip() for part in dict(run["attrs"]).get("gpus", "").split(",") if part.strip()]
-    if not all(
-        part.isascii() and part.isdigit() and len(part) <= 5 and int(part) <= DEFAULT_LIMITS.max_gpu_index
-        for part in parts
-    ):
-        return ()
-    return tuple(sorted({int(part) for part in parts}))
-
-
-def _exit_code(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _compare_table(
-    runs: list[dict[str, Any]], telemetry: dict[str, dict[str, Any]], traced: dict[str, dict[str, Any]]
-) -> pa.Table:
-    """One row per run, in the order given, then a `tag.<key>` column per tag key of any of them."""
-    keys = sorted({key for run in runs for key, _ in run["tags"]})
-    rows = []
-    for run in runs:
-        attrs, tags = dict(run["attrs"]), dict(run["tags"])
-        figures = telemetry.get(run["run_id"], {})
-        work = traced.get(run["run_id"], {})
-        declared = ",".join(str(gpu) for gpu in _declared_gpus(run))
-        rows.append({
-            "run_id": run["run_id"],
-            "name": run["name"],
-            "status": "running" if run["end_ns"] is None else (attrs.get("status") or None),
-            "exit_code": _exit_code(attrs.get("exit_code")),
-            "start": run["start_ns"],
-            "duration_s": (run["until_ns"] - run["start_ns"]) / 1e9,
-            "gpus": figures.get("gpus") or declared or None,
-            **{column: figures.get(column) for column in TELEMETRY_COLUMNS},
-            "busy_pct": work.get("busy_pct"),
-            "kernels": work.get("kernels") or 0,
-            "top_kernels": work.get("top_kernels"),
-            **{f"tag.{key}": tags.get(key) for key in keys},
-        })  # fmt: skip
-    schema = COMPARE_SCHEMA
-    for key in keys:
-        schema = schema.append(pa.field(f"tag.{key}", pa.string()))
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _unfold_gaps(table: pa.Table, limit: int) -> pa.Table:

@@ -134,6 +134,14 @@ def event_predicates(window: Window, run: RunSpan | None) -> Predicates:
     return where
 
 
+def run_named() -> str:
+    """Runs called {name:String}, newest first: a window may name its run so where one run has the name."""
+    return """
+SELECT run_id, host, toUnixTimestamp64Nano(start) AS start_ns
+FROM {db}.runs FINAL WHERE name = {name:String} AND NOT importing ORDER BY start DESC, run_id LIMIT {limit:UInt32}
+"""
+
+
 def names(field: str, values: Sequence[str], limits: Limits) -> list[str]:
     for value in values:
         if not value or len(value) > limits.max_string_bytes:

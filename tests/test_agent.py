@@ -276,7 +276,7 @@ def test_up_runs_server_agent_and_ui_with_the_demo_and_stops_cleanly(tmp_path: P
     assert (tmp_path / "store").is_dir(), "the embedded store lives under TRACEHOUSE_HOME"
     assert set(demo.index) == {"demo baseline", "demo tuned"} and all(t == {"demo": "true"} for t in demo["tags"])
     assert set(phases["name"]) >= {"train_step", "forward", "backward"}
-    assert phases["sm_util_avg"].notna().all(), "the demo's telemetry lies under its runs"
+    assert phases["gpu_util_pct_avg"].notna().all(), "the demo's telemetry lies under its runs"
     with pytest.raises(OSError):  # the UI stopped with the rest
         urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/_stcore/health", timeout=5)
 

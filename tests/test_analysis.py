@@ -152,10 +152,12 @@ def test_phases_attribute_gpu_busy_time_and_telemetry(client: Client, traces: di
             if s["gpu"] == row.gpu and any(i[0] <= s["ts"] < i[1] for i in instances):
                 inside[s["metric"]].append(s["value"])
         assert row.samples == sum(len(v) for v in inside.values())
-        assert row.sm_util_avg == pytest.approx(statistics.fmean(inside["gpu.util_pct"]))
-        assert row.sm_util_max == max(inside["gpu.util_pct"])
-        assert row.power_avg == pytest.approx(statistics.fmean(inside["gpu.power_w"]))
-        assert pd.isna(row.mem_used_avg) and pd.isna(row.mem_used_max), "no such series: no value, not a zero"
+        assert row.gpu_util_pct_avg == pytest.approx(statistics.fmean(inside["gpu.util_pct"]))
+        assert row.gpu_util_pct_max == max(inside["gpu.util_pct"])
+        assert row.gpu_power_w_avg == pytest.approx(statistics.fmean(inside["gpu.power_w"]))
+        assert pd.isna(row.gpu_mem_used_bytes_avg) and pd.isna(row.gpu_mem_used_bytes_max), (
+            "no such series: no value, not a zero"
+        )
 
 
 # -- launch -------------------------------------------------------------------------------------

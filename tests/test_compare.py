@@ -177,7 +177,8 @@ def expected(rows: Rows, run: Run) -> dict[str, object]:
     rises = [_energy(r) for r in readings if r]
     start, end = rows.spans[run.run_id]
     return {
-        "gpus": ",".join(map(str, gpus)),
+        "gpus": len(gpus),
+        "gpu_indices": ",".join(map(str, gpus)),
         "duration_s": (end - start) / 1e9,
         "energy_j": sum(rises) if rises else None,
         "gpu_util_mean": float(np.mean(util)) if util else None,
@@ -213,12 +214,12 @@ def _close(actual: Any, wanted: object) -> bool:
 def test_collocated_runs_get_their_own_share(client: Client, scene: Rows) -> None:
     frame = client.compare(["B", "A", "E"])
     assert list(frame["run_id"]) == ["B", "A", "E"], "in the order named"
-    assert list(frame.columns[:16]) == [
-        "run_id", "name", "status", "exit_code", "start", "duration_s", "gpus", "energy_j", "gpu_util_mean",
-        "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes", "busy_pct", "kernels",
-        "top_kernels",
+    assert list(frame.columns[:17]) == [
+        "run_id", "name", "status", "exit_code", "start", "duration_s", "gpus", "gpu_indices", "energy_j",
+        "gpu_util_mean", "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes", "busy_pct",
+        "kernels", "top_kernels",
     ]  # fmt: skip
-    assert list(frame.columns[16:]) == ["tag.bs", "tag.extra", "tag.model"], "every tag key, sorted"
+    assert list(frame.columns[17:]) == ["tag.bs", "tag.extra", "tag.model"], "every tag key, sorted"
     by_id = {run.run_id: run for run in RUNS}
     for row in frame.to_dict(orient="records"):
         run = by_id[row["run_id"]]
@@ -242,8 +243,10 @@ def test_collocated_runs_get_their_own_share(client: Client, scene: Rows) -> Non
         if gpu == 0 and m == PROC_GPU_MEM and start <= t < end:
             everyone[t] = everyone.get(t, 0.0) + v
     assert a["gpu_mem_peak_bytes"] < max(everyone.values())
-    assert a["gpus"] == b["gpus"] == "0", "A's from its process's samples, B's as declared"
-    assert frame.set_index("run_id").loc["E", "gpus"] == "0,1", "no processes, nothing declared: the host's GPUs"
+    assert a["gpu_indices"] == b["gpu_indices"] == "0", "A's from its process's samples, B's as declared"
+    assert a["gpus"] == b["gpus"] == 1
+    e = frame.set_index("run_id").loc["E"]
+    assert (e["gpus"], e["gpu_indices"]) == (2, "0,1"), "no processes, nothing declared: the host's GPUs"
     assert _close(frame.set_index("run_id").loc["E", "proc_sm_util_mean"], None), "no processes of its own"
 
 
@@ -268,9 +271,10 @@ def test_traced_run_busy_union_kernels_and_top_names(client: Client, scene: Rows
     assert row["top_kernels"] == "gemm (53.3%); softmax (26.7%)"
     assert len(client.compare(["C"]).iloc[0]["top_kernels"].split("; ")) == 3, "3 by default"
     assert LONG_NAME[:80] + " (20.0%)" in client.compare(["C"]).iloc[0]["top_kernels"], "names cut to 80"
-    # no telemetry on node2, nothing declared: those figures are empty, not 0
-    for column in ("gpus", "energy_j", "gpu_util_mean", "gpu_util_p95", "proc_sm_util_mean", "gpu_mem_peak_bytes"):
+    # no telemetry on node2: those figures are empty, not 0; its GPUs are those its work ran on
+    for column in ("energy_j", "gpu_util_mean", "gpu_util_p95", "proc_sm_util_mean", "gpu_mem_peak_bytes"):
         assert _close(row[column], None), column
+    assert (row["gpus"], row["gpu_indices"]) == (2, "0,1")
     assert row["duration_s"] == pytest.approx(0.1) and _close(row["status"], None)
 
 
@@ -280,7 +284,7 @@ def test_open_run_ends_at_its_hosts_latest_sample(client: Client, scene: Rows) -
     assert row["duration_s"] == pytest.approx(15.0), "its process was last seen at T0 + 60 s"
     for column, wanted in expected(scene, RUNS[2]).items():
         assert _close(row[column], wanted), (column, row[column], wanted)
-    assert row["gpus"] == "1", "the GPU its process used"
+    assert (row["gpus"], row["gpu_indices"]) == (1, "1"), "the GPU its process used"
     assert _close(row["sm_active_mean"], None), "GPM SM activity is only sampled on GPU 0"
 
 
@@ -304,7 +308,7 @@ def test_compare_by_tags_after_the_runs_named(client: Client, scene: Rows) -> No
 @pytest.mark.parametrize(
     "call, code, words",
     [
-        (lambda c: c.compare(["A", "nope"]), "NOT_FOUND", "'nope' not found"),
+        (lambda c: c.compare(["A", "nope"]), "NOT_FOUND", "'nope'"),
         (lambda c: c.compare(["imp"]), "NOT_FOUND", "'imp' is still being imported"),
         (lambda c: c.compare(), "INVALID_ARGUMENT", "run_ids"),
         (lambda c: c.compare([f"r{i}" for i in range(1001)]), "INVALID_ARGUMENT", "run_ids"),
@@ -338,7 +342,7 @@ def test_cli_compare_csv_is_one_row_per_run(client: Client, scene: Rows, address
                 assert row[column] == str(wanted), column
 
     assert main(["query", "compare", "--server", address]) == 2
-    assert "run ids, --tag" in capsys.readouterr().err
+    assert "--tag" in capsys.readouterr().err
     assert main(["query", "compare", "--tag", "model=gpt", "--format", "json", "--server", address]) == 0
     assert '"run_id": "C"' in capsys.readouterr().out
     assert main(["query", "runs", "--tag", "model=resnet", "--tag", "bs=512", "--format", "csv", "--server",
@@ -396,12 +400,13 @@ def test_a_gpu_count_is_not_a_list_of_gpus(client: Client, ingest: ingest_pb2_gr
 
     frame = client.compare([run_id, f"{source}-elsewhere"]).set_index("run_id")
     row = frame.loc[run_id]
-    assert row["gpus"] == "0,1", "the host's GPUs with samples, not GPU 2"
+    assert (row["gpus"], row["gpu_indices"]) == (2, "0,1"), "the host's GPUs with samples, not GPU 2"
     wanted = sum(_energy(_inside(series[gpu, GPU_ENERGY], start, end)) for gpu in (0, 1))
     assert wanted > 0 and row["energy_j"] == pytest.approx(wanted)
     util = [v for gpu in (0, 1) for _, v in _inside(series[gpu, GPU_UTIL], start, end)]
     assert row["gpu_util_mean"] == pytest.approx(float(np.mean(util)))
-    assert _close(frame.loc[f"{source}-elsewhere", "gpus"], None), "a count is never shown as GPUs"
+    elsewhere = frame.loc[f"{source}-elsewhere"]
+    assert elsewhere["gpus"] == 2 and _close(elsewhere["gpu_indices"], None), "a count is never shown as GPUs"
 
 
 @pytest.mark.parametrize(
@@ -419,7 +424,7 @@ def test_gpu_indices_past_the_limit_are_unknown(client: Client, ingest: ingest_p
     _telemetry(ingest, "agent-node5", host, series)
     _describe(ingest, "declared", host, "user", start, end, {"gpus": declared})
     row = client.compare(["declared"]).iloc[0]
-    assert row["gpus"] == gpus
+    assert row["gpu_indices"] == gpus and row["gpus"] == len(gpus.split(","))
     if gpus == "0,1":
         wanted = sum(_energy(_inside(series[gpu, GPU_ENERGY], start, end)) for gpu in (0, 1))
         assert row["energy_j"] == pytest.approx(wanted)
@@ -453,5 +458,54 @@ def test_two_agents_on_one_gpu_are_not_mixed(client: Client, ingest: ingest_pb2_
     _telemetry(ingest, "agent-y", host, y)
     _describe(ingest, "shared", host, "user", start, end, {})
     row = client.compare(["shared"]).iloc[0]
-    assert row["gpus"] == "0,1"
+    assert (row["gpus"], row["gpu_indices"]) == (2, "0,1")
     assert row["energy_j"] == pytest.approx(_energy(x[0, GPU_ENERGY]) + _energy(y[1, GPU_ENERGY])) == 36.0
+
+
+def test_a_runs_gpus_are_those_it_registered_even_when_a_later_run_registers_them_again(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub
+) -> None:
+    """Two imports of one host's GPU 0 and the host's agent (GPUs 0 and 1): the devices table
+    keeps one row per GPU, naming the run that described it last. Each run still has the GPUs
+    it recorded: the imports one (GPU 0, where their work ran), the agent two; their telemetry
+    figures are those of their own GPUs."""
+    host = "node8"
+    series = _counters(np.arange(T0, T0 + 30 * S, TICK))
+    _telemetry(ingest, "agent-node8", host, series)
+    agent = BatchBuilder("agent-node8-run", run_id="agent-node8", host=host)
+    agent.add_run("agent-node8", host=host, source="agent", start=T0, end=T0 + 30 * S, attrs={"gpus": "2"})
+    for gpu in (0, 1):
+        agent.add_device(host, gpu, uuid=f"GPU-{gpu}", name="sampled", run_id="agent-node8")
+    ingest.Write(request(agent), timeout=60)
+    for number, run_id in enumerate(("nsys-early", "nsys-late")):
+        start = T0 + (1 + 10 * number) * S
+        batch = BatchBuilder(f"run-{run_id}", run_id=run_id, host=host)
+        batch.add_run(run_id, host=host, source="nsys", start=start, end=start + 5 * S, attrs={"gpus": "1"})
+        batch.add_device(host, 0, uuid="GPU-0", name="traced", run_id=run_id)
+        batch.add_events("kernel", [start + MS], [start + 2 * MS], "gemm", gpu=0, stream=7)
+        ingest.Write(request(batch), timeout=60)
+    owners = client.devices(host).set_index("gpu")["run_id"].to_dict()
+    assert owners == {0: "nsys-late", 1: "agent-node8"}, "one row per GPU: earlier registrations are gone"
+
+    frame = client.compare(["nsys-early", "nsys-late", "agent-node8"]).set_index("run_id")
+    assert frame["gpus"].tolist() == [1, 1, 2]
+    assert frame["gpu_indices"].tolist() == ["0", "0", "0,1"]
+    start, end = T0 + S, T0 + 6 * S
+    assert frame.loc["nsys-early", "energy_j"] == pytest.approx(_energy(_inside(series[0, GPU_ENERGY], start, end)))
+
+
+def test_the_demo_runs_have_the_one_gpu_their_traces_profile(address: str, client: Client) -> None:
+    """`up --demo`: each trace profiles the host's simulated GPU 0, the one `up`'s agent samples
+    as GPU 0 (the same UUID): each run has one GPU, and every answer says so."""
+    from agent.telemetry.simulated import SimulatedBackend
+    from tracehouse.cli.demo import load_demo
+
+    results = load_demo(address, "demo-host", END + 120 * S, gpus=2)
+    runs = [result.run_id for result in results]
+    [traced] = client.devices("demo-host").to_dict("records")
+    sampled = SimulatedBackend(2).devices()[0]
+    assert (traced["gpu"], traced["uuid"], traced["name"]) == (0, sampled.uuid, sampled.name)
+    frame = client.compare(runs)
+    assert frame["gpus"].tolist() == [1, 1] and frame["gpu_indices"].tolist() == ["0", "0"]
+    listed = client.runs(host="demo-host").set_index("run_id")
+    assert [listed.loc[run, "attrs"]["gpus"] for run in runs] == ["1", "1"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,3 +138,27 @@ def test_empty_sql_is_refused(client: Client) -> None:
     with pytest.raises(QueryFailed) as caught:
         client.sql("   ")
     assert caught.value.code.name == "INVALID_ARGUMENT" and caught.value.message.startswith("sql")
+
+
+def test_syntax_error_positions_are_in_the_users_own_text(client: Client) -> None:
+    """The engine counts positions in the text it parses, the user's query wrapped in the tool's
+    own; the message counts them in the user's text, lines and columns from 1."""
+    query = "  SELECT\n  kind,\n  count( FROM events\nGROUP BY kind"
+    at = query.index("events")
+    assert (at + 1, query.count("\n", 0, at) + 1, at - query.rfind("\n", 0, at)) == (32, 3, 15)
+    cases = {
+        query: "Syntax error: failed at position 32 (events) (line 3, col 15): events",
+        "SELECT 1\n\nFROM samples LIMT 5": "failed at position 29 (5) (line 3, col 19): 5",
+        "\n\n  SELECT 'abc": "failed at position 12 ('abc…) (line 3, col 10)",
+    }
+    for text, wanted in cases.items():
+        with pytest.raises(QueryFailed) as caught:
+            client.sql(text)
+        assert caught.value.code.name == "INVALID_ARGUMENT" and wanted in caught.value.message, caught.value.message
+
+    with pytest.raises(QueryFailed) as caught:  # the tool's closing lines, and its own opening bracket
+        client.sql("SELECT 1 FROM samples WHERE (((")
+    message = caught.value.message
+    assert "failed at the end of the query" in message and "FORMAT" not in message, message
+    assert "'(' at position 29 (line 1, col 29)" in message, message
+    assert {int(n) for n in re.findall(r"position (\d+)", message)} <= {29, 30, 31}, "the user's brackets only"

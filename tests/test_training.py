@@ -288,7 +288,7 @@ def test_phases_and_steps_take_part_in_every_range_analysis(
     answer = client.phases(run=run.run_id).set_index("name")
     assert {"dataloader", "forward", "step"} <= set(answer.index)
     assert answer.loc["forward", "busy_pct"] > 0 and answer.loc["dataloader", "busy_pct"] == 0
-    assert answer.loc["forward", "sm_util_avg"] == 50.0
+    assert answer.loc["forward", "gpu_util_pct_avg"] == 50.0
 
     second = client.events(kinds=["phase"], run=run.run_id, range="forward", instance=2)
     assert ns(second["start"].min()) >= int(forward["s"].iloc[1])
@@ -315,7 +315,7 @@ def test_phases_of_a_run_without_a_trace_have_telemetry_and_no_busy_time(
                                                                      for g in (0, 1)}  # fmt: skip
     assert answer["busy_pct"].isna().all(), "no trace of GPU work: busy time unknown, not zero"
     steps = answer[answer["name"] == "step"].set_index("gpu")
-    assert (steps.loc[0, "sm_util_avg"], steps.loc[1, "sm_util_avg"]) == (30.0, 31.0)
+    assert (steps.loc[0, "gpu_util_pct_avg"], steps.loc[1, "gpu_util_pct_avg"]) == (30.0, 31.0)
     summary = client.nvtx_gpu(run=run.run_id)["summary"].set_index("name")
     assert summary.loc["forward", "instances"] == 3 and summary.loc["forward", "with_gpu_work"] == 0
 

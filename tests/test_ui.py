@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
@@ -20,8 +22,10 @@ from streamlit.testing.v1 import AppTest
 from query.client import Client
 from tests.helpers import request
 from tests.timeline_trace import MS, T0, Trace
+from tracehouse import units
 from tracehouse.batch import BatchBuilder
 from tracehouse.config import ENV_SERVER
+from tracehouse.readable import headers
 from tracehouse.v1 import ingest_pb2_grpc
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
@@ -73,6 +77,16 @@ def texts(elements: Any) -> str:
     return "\n".join(str(e.value) for e in elements)
 
 
+def shown(table: Any) -> pd.DataFrame:
+    """A table's cells as the page shows them (the Styler's display values)."""
+    return pa.ipc.open_stream(table.proto.arrow_data.styler.display_values).read_pandas()
+
+
+def assert_answer(table: Any, answer: pd.DataFrame) -> None:
+    """The table holds the answer's exact values under headers for people."""
+    pd.testing.assert_frame_equal(table.value, answer.rename(columns=headers(answer)))
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 
@@ -83,9 +97,7 @@ def test_runs_page_lists_filters_and_opens_runs(
     assert texts(app.title) == "Runs"
     listed = app.dataframe[0].value
     assert set(listed["run"]) == {"r1", "r2"}
-    assert listed.set_index("run").loc["r1", "duration_s"] == pytest.approx(
-        (traces["r1"].end - traces["r1"].start) / 1e9
-    )
+    assert listed.set_index("run").loc["r1", "duration"] == pytest.approx((traces["r1"].end - traces["r1"].start) / 1e9)
     app.text_input[0].input("r2").run()
     assert list(app.dataframe[0].value["run"]) == ["r2"]
     app.multiselect[0].select("r2").run()
@@ -105,9 +117,10 @@ def test_runs_page_compares_two_runs(address: str, traces: dict[str, Trace], mon
 
 
 def test_an_empty_store_says_how_to_get_data_in(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEHOUSE_COMMAND", "uv run tracehouse")  # how `up` and `ui` were started: hints say the same
     for page in ("", "timeline", "kernels", "compare"):
         app = open_app(address, monkeypatch, page)
-        assert "The store is empty" in texts(app.info) and "tracehouse import" in texts(app.info), page
+        assert "The store is empty" in texts(app.info) and "`uv run tracehouse import" in texts(app.info), page
 
 
 def test_an_unreachable_server_says_what_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,15 +202,29 @@ def test_kernels_and_phases_answer_for_the_window(
     app = open_app(address, monkeypatch, "kernels", run="r1")
     assert "No CUDA API calls in this window" in texts(app.info)  # the trace has none
     frames = [d.value for d in app.dataframe]
-    kernels, memops, nvtx, gpus, gaps, phases, projected = frames
-    pd.testing.assert_frame_equal(memops, client.summary("memops", run="r1"))
+    _, _, _, gpus, gaps, phases, projected = frames
+    assert_answer(app.dataframe[1], client.summary("memops", run="r1"))
     assert len(gaps) == len(client.gpu_time(run="r1")["gaps"]) > 0  # over 1 ms
-    app.select_slider[0].set_value("10us").run()
-    gaps = app.dataframe[4].value
-    pd.testing.assert_frame_equal(kernels, client.summary("kernels", run="r1"))
-    pd.testing.assert_frame_equal(nvtx, client.summary("nvtx", run="r1"))
+    app.select_slider[0].set_value(10_000).run()
     expected_gaps = client.gpu_time(min_gap_ns=10_000, run="r1")["gaps"]
-    assert set(gpus["gpu"]) == {0, 1} and len(gaps) == len(expected_gaps) > 0
+    assert len(expected_gaps) > 20
+    listed = app.dataframe[4].value
+    assert list(listed["length"]) == sorted(expected_gaps["length_ns"], reverse=True)[:20], "the 20 longest"
+    assert f"first 20 of {len(expected_gaps)} idle gaps longer than 10 µs" in texts(app.caption)
+    kernels = client.summary("kernels", run="r1")
+    assert_answer(app.dataframe[0], kernels)
+    assert list(shown(app.dataframe[0])["total"]) == [units.duration(ns) for ns in kernels["total_ns"]]
+    assert list(shown(app.dataframe[0])["time %"]) == [units.percent(p) for p in kernels["time_pct"]]
+    assert_answer(app.dataframe[2], client.summary("nvtx", run="r1"))
+    start = traces["r1"].start
+    assert list(shown(app.dataframe[4])["start"]) == [units.offset(ns - start) for ns in listed["start"]]
+    assert units.instant(start) in texts(app.caption), "the one absolute time the offsets count from"
+    chart = figure_of(app)["data"][0]
+    assert [row[1] for row in chart["customdata"]] == [units.duration(ns) for ns in kernels["total_ns"]]
+    scale, unit = units.axis_scale("ns", kernels["total_ns"].max())
+    assert unit != "ns" and np.allclose(chart["x"], kernels["total_ns"] / scale), "one unit, by magnitude"
+    assert figure_of(app)["layout"]["xaxis"]["title"]["text"] == f"Kernels: total time ({unit})"
+    assert set(gpus["GPU"]) == {0, 1}
     assert set(phases["name"]) == {"step", "forward", "backward", "idle", "allreduce", "async io", "edge", "tail"}
     assert set(projected["name"]) == set(phases["name"])
     assert len(app.get("download_button")) == len(frames)
@@ -210,9 +237,11 @@ def test_compare_shows_the_biggest_changes_first(
     address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = open_app(address, monkeypatch, "compare", a="r1", b="r2")
-    pd.testing.assert_frame_equal(app.dataframe[0].value, client.compare(["r1", "r2"]))
-    assert list(app.dataframe[0].value["run_id"]) == ["r1", "r2"]
-    pd.testing.assert_frame_equal(app.dataframe[1].value, client.diff("r1", "r2"))
+    assert re.search(r"\b(faster|slower)\b", texts(app.success)), "the answer first, in a sentence"
+    changes = client.diff("r1", "r2")
+    listed = app.dataframe[1].value
+    assert list(listed["name"]) == list(changes["name"]) and list(listed["Δ"]) == list(changes["delta_ns"])
+    assert list(shown(app.dataframe[1])["Δ"]) == [units.duration(ns) for ns in changes["delta_ns"]]
     app.multiselect[0].unselect("api").unselect("memops").run()
     assert set(app.dataframe[1].value["category"]) == {"kernels"}
     app = open_app(address, monkeypatch, "compare", a="r1", b="r1")
@@ -230,6 +259,9 @@ def test_sql_console_runs_read_only_queries(
     assert {"start", "end", "kind", "metric", "value"} <= set(schema["column"])
     answer = app.dataframe[0].value
     assert set(answer["name"]) == {w["name"] for w in traces["r1"].work + traces["r2"].work if w["kind"] == "kernel"}
+    assert list(shown(app.dataframe[0])["total"]) == [units.duration(ns) for ns in answer["total"]]
+    _, unit = units.axis_scale("ns", answer["total"].max())
+    assert figure_of(app)["layout"]["yaxis"]["title"]["text"] == f"total_ns ({unit})"
     app.text_area[0].input("SELECT number FROM numbers(50)")
     app.number_input[0].set_value(10)
     [run] = [b for b in app.button if b.label == "Run"]

@@ -1,10 +1,13 @@
-"""The explorer's pure parts: the view in the URL, window moves, and lane labels."""
+"""The explorer's pure parts: the view in the URL, window moves, lane labels, and what the figures say."""
 
 from __future__ import annotations
+
+import html
 
 import pandas as pd
 import pytest
 
+from ui import figures
 from ui.figures import _ordered_labels
 from ui.view import LAST_NS, MIN_WIDTH_NS, RunBounds, View, ViewError, inside, pan, selected, zoom
 
@@ -78,3 +81,68 @@ def test_every_lane_has_a_row_of_its_own() -> None:
     order, labels = _ordered_labels(keys)
     assert len(set(order)) == len(order) == len(keys) and set(labels) == set(order)
     assert order[0] == "GPU 0 · stream 7" and order[1:3] == ["NVTX · pid 9 · tid 9", "NVTX · pid 9 · tid 9 · L1"]
+
+
+# -- figures: what a person reads on them -------------------------------------------------------
+
+CLOVER = "void clover::par_ranged2d_kernel<advec_mom_kernel(int, int, int, int, clover::Buffer2D<double> &, " + (
+    "clover::Buffer2D<double> &, " * 6
+)
+
+
+def test_bars_never_put_two_names_on_one_bar() -> None:
+    names = [f"{CLOVER})::[lambda(int, int) (instance {i})]>(clover::Range2d, T1)" for i in range(1, 13)]
+    frame = pd.DataFrame({"name": [*names, "void PdV_kernel()"], "total_ns": [*range(13_000_000, 14_200_000, 100_000),
+                                                                              19_404_589]})  # fmt: skip
+    bar = figures.bars(frame, "name", "total_ns", "total time")
+    [drawn] = bar.data
+    assert [html.unescape(y) for y in drawn.y] == ["void PdV_kernel()", *names[::-1]], "a bar per full name"
+    ticks = [html.unescape(text) for text in bar.layout.yaxis.ticktext]
+    assert len(set(ticks)) == len(ticks) == len(names) + 1 and all(len(t) <= 60 for t in ticks)
+    assert drawn.x[0] == pytest.approx(19.404589) and bar.layout.xaxis.title.text == "total time (ms)"
+    assert drawn.customdata[0][1] == "19.4 ms" and "PdV_kernel" in drawn.customdata[0][0]
+
+
+def test_bars_of_changes_read_as_signed_durations() -> None:
+    frame = pd.DataFrame({"name": ["cudaDeviceSynchronize", "relu"], "delta_ns": [-4_800_000_000, 1_200_000]})
+    [drawn] = figures.bars(frame, "name", "delta_ns", "Δ total time").data
+    assert list(drawn.x) == pytest.approx([-4.8, 0.0012]) and drawn.customdata[0][1] == "-4.8 s"
+
+
+def test_the_timeline_reads_in_units_and_keeps_ranges_apart_from_kinds() -> None:
+    start = NOW
+    series = pd.DataFrame(
+        {"host": "h", "gpu": 0, "metric": "gpu.mem_used_bytes", "bucket_start": pd.to_datetime([start, start + S]),
+         "min": [7.0e10, 7.1e10], "avg": [7.1e10, 7.2e10], "max": [7.2e10, 7.3e10], "count": [10, 10]}
+    )  # fmt: skip
+    kinds = ["kernel", "memcpy", "memset", "sync", "cuda_api", *[f"nvtx-{i}" for i in range(40)]]
+    events = pd.DataFrame(
+        {"kind": [k if not k.startswith("nvtx") else "nvtx" for k in kinds], "name": kinds, "host": "h",
+         "start": start, "end": start + 10_000, "gpu": 0, "stream": 7, "pid": 1, "tid": 1, "depth": 0,
+         "correlation_id": 0}
+    )  # fmt: skip
+    figure = figures.timeline(figures.Window(start, start + 2 * S), series, ["gpu.mem_used_bytes"], events=events)
+    assert figure.layout.yaxis.title.text == "gpu.mem_used_bytes (GiB)"
+    [line] = [t for t in figure.data if t.type == "scatter"]
+    assert list(line.y) == pytest.approx([7.1e10 / 2**30, 7.2e10 / 2**30])
+    assert line.customdata[1][1] == "67.1 GiB" and line.customdata[1][0] == "+1.000000 s"
+    assert figure.layout.xaxis2.title.text == "time from 2027-01-15 08:00:00.000 UTC (s)"  # under the lanes
+    bars = {t.name: t for t in figure.data if t.type == "bar"}
+    kind_colors = {str(bars[k].marker.color) for k in ("kernel", "memcpy", "memset", "sync", "cuda_api")}
+    range_colors = set(bars["nvtx"].marker.color)
+    assert len(range_colors) > 1 and not range_colors & (kind_colors | set(figures.PALETTE))
+    assert bars["nvtx"].marker.pattern.shape == "/" and not bars["kernel"].marker.pattern.shape
+
+
+def test_the_busy_cells_have_a_legend_and_a_narrow_window_reads_in_microseconds() -> None:
+    lanes = pd.DataFrame(
+        {"lane": "gpu", "host": "h", "gpu": 0, "stream": 7, "pid": 0, "tid": 0, "depth": 0,
+         "bucket_start_ns": [NOW, NOW + 1_000], "busy_ns": [500, 1_000], "events": [3, 1], "top_name": ["k", "k"]}
+    )  # fmt: skip
+    lanes.attrs.update(bucket_ns=1_000, start_ns=NOW)
+    window = figures.Window(NOW, NOW + 2_000)
+    figure = figures.timeline(window, pd.DataFrame(columns=["metric"]), [], lanes=lanes)
+    [cells] = figure.data
+    assert cells.showscale is not False and cells.colorbar.title.text == "share of bucket busy, %"
+    assert figure.layout.xaxis.title.text.endswith("(µs)") and window.unit_ns == 1_000
+    assert selected(NOW, 0.5, 1.5, window.unit_ns) == (NOW + 500, NOW + 1_500)

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import pandas as pd
 import streamlit as st
 
-from tracehouse.timefmt import format_ns
+from tracehouse import units
 from ui.data import ask, plain
 from ui.view import PRESETS, RunBounds, View, ViewError, pan, zoom
 
@@ -118,7 +118,7 @@ def window_sidebar() -> Scope:
 
 def zoom_buttons(scope: Scope, key: str) -> None:
     """Zoom out, pan, and back to the run: each writes an absolute window into the URL."""
-    columns = st.columns([1, 1, 1, 1, 6])
+    columns = st.columns([1.3, 1, 1.2, 1.3, 4], vertical_alignment="center")
     moves = {"◀ earlier": pan(scope.start_ns, scope.end_ns, -0.5), "later ▶": pan(scope.start_ns, scope.end_ns, 0.5),
              "zoom out": zoom(scope.start_ns, scope.end_ns, 2.0)}  # fmt: skip
     for column, (label, (start, end)) in zip(columns, moves.items(), strict=False):
@@ -127,4 +127,5 @@ def zoom_buttons(scope: Scope, key: str) -> None:
     whole_run = scope.view.run and (scope.view.start or scope.view.end or scope.view.last)
     if whole_run and columns[3].button("whole run", key=f"{key}-run"):
         show(View(run=scope.view.run, host=scope.view.host, metrics=scope.view.metrics))
-    columns[4].caption(f"{format_ns(scope.start_ns)} → {format_ns(scope.end_ns)}")
+    width = units.duration(scope.end_ns - scope.start_ns)
+    columns[4].caption(f"{units.instant(scope.start_ns)} → {units.instant(scope.end_ns)} ({width})")

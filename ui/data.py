@@ -3,6 +3,7 @@ went wrong and what to do, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -10,11 +11,13 @@ import grpc
 import streamlit as st
 
 from query.client import Client, QueryFailed
+from query.export import window_trace
 from tracehouse.channel import client_security
 from tracehouse.config import default_server
 from tracehouse.security import SecurityError
 
 ANSWER_TTL_S = 10
+ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs tracehouse (`up` and `ui` set it), for hints
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -24,6 +27,11 @@ MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$])")
 def plain(text: str, limit: int = 500) -> str:
     """Text from outside (names, messages) shown as itself in Streamlit's markdown."""
     return MARKDOWN_SPECIALS.sub(r"\\\1", text[:limit])
+
+
+def command() -> str:
+    """The tracehouse command as the user can run it here, for hints to paste."""
+    return os.environ.get(ENV_COMMAND, "").strip() or "tracehouse"
 
 
 @st.cache_resource(show_spinner=False)
@@ -47,10 +55,11 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
         st.stop()
     except QueryFailed as failure:
         if failure.code in UNREACHABLE:
+            run = command()
             st.error(
                 f"Cannot reach the tracehouse server at {plain(address)}: {plain(failure.message, 2000)}\n\n"
-                "Start everything with `tracehouse up`, or the server alone with `tracehouse serve`; "
-                "to use another server, run `tracehouse ui --server HOST:PORT`."
+                f"Start everything with `{run} up`, or the server alone with `{run} serve`; "
+                f"to use another server, run `{run} ui --server HOST:PORT`."
             )
         else:
             st.error(f"The server could not answer: {plain(failure.message, 2000)}")
@@ -60,11 +69,17 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
 def stop_if_empty() -> None:
     """A store with nothing in it: say how to get data in."""
     if ask("runs", limit=1).empty and ask("devices").empty:
+        run = command()
         st.info(
             "The store is empty. To get data in:\n"
-            "- `tracehouse agent` samples this host's GPUs (`--simulate 2` without a GPU);\n"
-            "- `tracehouse import report.sqlite` imports an Nsight Systems export "
+            f"- `{run} agent` samples this host's GPUs (`{run} agent --simulate 2` without a GPU);\n"
+            f"- `{run} import report.sqlite` imports an Nsight Systems export "
             "(`nsys export --type sqlite report.nsys-rep`);\n"
-            "- `tracehouse up --demo` runs everything with a generated demo run."
+            f"- `{run} up --demo` runs everything with a generated demo run."
         )
         st.stop()
+
+
+def trace_file(window: dict[str, Any], fmt: str) -> bytes:
+    """The window as a trace file (Perfetto's protobuf, or Chrome JSON), fetched when asked."""
+    return window_trace(_client(default_server()), fmt=fmt, **window)

@@ -1,7 +1,9 @@
-"""Plotly figures from query answers. Pure: DataFrames in, figures out.
+"""Plotly figures from query answers. Pure: DataFrames in, figures out. What a person reads on
+them (axes, hovers) is in human units; the values drawn are the answer's, scaled to one unit.
 
-The timeline's time axis is seconds from the window's start, as in Nsight Systems: float64
-keeps ns apart over days, where a date axis would round to the millisecond.
+The timeline's time axis is an offset from the window's start (s, ms or µs by the window's
+width), as in Nsight Systems: float64 keeps ns apart over days, where a date axis would round
+to the millisecond.
 """
 
 from __future__ import annotations
@@ -10,18 +12,31 @@ import html
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tracehouse import units
 from tracehouse.model import LANE_COLUMNS, lane_of
-from tracehouse.timefmt import NS_PER_S, format_duration, format_ns
+from tracehouse.readable import column_kind, formatter
+from tracehouse.shortnames import unique_short_names
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 KIND_COLORS = {"kernel": "#4e79a7", "memcpy": "#f28e2b", "memset": "#edc948", "cuda_api": "#9c9c9c",
                "sync": "#e15759", "osrt": "#9c755f"}  # fmt: skip
+# NVTX ranges, phases and steps: light violets, teals and pinks, hatched, never one of the kinds' colours
+RANGE_PALETTE = ("#d4c4ec", "#b9e2dc", "#f4c7dc", "#c9d6f2", "#e3d3f5", "#bfe6c9", "#f2d4e9", "#d0e4ec")
+RANGE_KINDS = ("nvtx", "phase", "step")
+RANGE_LINE = "#6b5b95"
+BUSY_TITLE = "share of bucket busy, %"
+BAR_LABEL_WIDTH = 60  # characters of a bar's label; the full name is on hover and in the table
+HOVER_LINE = 100
+SQL_LABEL_WIDTH = 24
+AXIS_UNITS = {"duration": "ns", "size": "B", "rate": "B/s", "percent": "%", "power": "W", "energy": "J",
+              "clock": "MHz", "seconds": "s"}  # fmt: skip
 METRIC_ROW_PX = 170
 LANE_ROW_PX = 24
 SCATTERGL_FROM_POINTS = 20_000  # SVG is smoother below, WebGL keeps up above
@@ -30,19 +45,34 @@ LANE_ORDER = {"gpu": 0, "nvtx": 1, "phase": 1, "step": 1, "cuda_api": 2}
 
 @dataclass(frozen=True)
 class Window:
+    """The timeline's window; its time axis reads in one unit (s, ms or µs) chosen by its width."""
+
     start_ns: int
     end_ns: int
 
-    def seconds(self, ns: pd.Series | np.ndarray) -> np.ndarray:
-        return (np.asarray(ns, dtype=np.int64) - self.start_ns) / NS_PER_S
+    @property
+    def scale(self) -> tuple[float, str]:
+        return units.axis_scale("ns", self.end_ns - self.start_ns)
 
     @property
-    def width_s(self) -> float:
-        return (self.end_ns - self.start_ns) / NS_PER_S
+    def unit_ns(self) -> float:
+        return self.scale[0]
+
+    def offsets(self, ns: pd.Series | np.ndarray) -> np.ndarray:
+        """Instants as positions on the time axis."""
+        return (np.asarray(ns, dtype=np.int64) - self.start_ns) / self.unit_ns
+
+    @property
+    def width(self) -> float:
+        return (self.end_ns - self.start_ns) / self.unit_ns
+
+    @property
+    def axis_title(self) -> str:
+        return f"time from {units.instant(self.start_ns)} ({self.scale[1]})"
 
 
-def color_of(name: str) -> str:
-    return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]
+def color_of(name: str, palette: Sequence[str] = PALETTE) -> str:
+    return palette[zlib.crc32(name.encode()) % len(palette)]
 
 
 def lane_label(lane: str, host: str, gpu: int, stream: int, pid: int, tid: int, depth: int, hosts: int) -> str:
@@ -129,10 +159,13 @@ def timeline(
     )
     total_points = len(series)
     for row, metric in enumerate(metrics, start=1):
-        for (host, gpu), part in series[series["metric"] == metric].groupby(["host", "gpu"], sort=True):
+        readings = series[series["metric"] == metric]
+        scale, unit = units.axis_scale(units.metric_unit(metric), float(readings["max"].abs().max()))
+        for (host, gpu), part in readings.groupby(["host", "gpu"], sort=True):
             name = html.escape(f"{host} GPU {gpu}" if int(str(gpu)) >= 0 else str(host))
-            _add_series(figure, window, part, name, row, total_points)
-        figure.update_yaxes(title_text=html.escape(metric), title_font={"size": 11}, row=row, col=1)
+            _add_series(figure, window, part, name, row, total_points, (metric, scale))
+        title = f"{metric} ({unit})" if unit else metric
+        figure.update_yaxes(title_text=html.escape(title), title_font={"size": 11}, row=row, col=1)
     if has_lanes:
         if events is not None:
             _add_events(figure, window, events, labels, rows)
@@ -140,8 +173,8 @@ def timeline(
             assert lanes is not None
             _add_busy_cells(figure, window, lanes, labels, order, rows)
         figure.update_yaxes(categoryorder="array", categoryarray=order[::-1], row=rows, col=1)
-    figure.update_xaxes(range=[0, window.width_s], row=rows, col=1)
-    figure.update_xaxes(title_text=f"seconds from {format_ns(window.start_ns)}", row=rows, col=1)
+    figure.update_xaxes(range=[0, window.width], row=rows, col=1)
+    figure.update_xaxes(title_text=window.axis_title, row=rows, col=1)
     figure.update_layout(
         height=sum(heights) + 60 * rows + 80,
         margin={"l": 10, "r": 10, "t": 40, "b": 40},
@@ -154,21 +187,35 @@ def timeline(
     return figure
 
 
-def _add_series(figure: go.Figure, window: Window, part: pd.DataFrame, name: str, row: int, total: int) -> None:
+def _add_series(
+    figure: go.Figure, window: Window, part: pd.DataFrame, name: str, row: int, total: int, scaled: tuple[str, float]
+) -> None:
+    metric, scale = scaled
     kind = go.Scattergl if total > SCATTERGL_FROM_POINTS else go.Scatter
     starts = part["bucket_start"].astype("int64")
+    reading = [units.metric_value(metric, v) for v in part["avg"]]
+    details = np.stack(
+        [
+            [units.offset(int(s) - window.start_ns) for s in starts],
+            reading,
+            [units.metric_value(metric, v) for v in part["min"]],
+            [units.metric_value(metric, v) for v in part["max"]],
+            [units.count(v) for v in part["count"]],
+        ],
+        axis=-1,
+    )
     figure.add_trace(
         kind(
-            x=window.seconds(starts),
-            y=part["avg"],
+            x=window.offsets(starts),
+            y=part["avg"] / scale,
             mode="lines",
             name=name,
             legendgroup=name,
             showlegend=row == 1,
             line={"color": color_of(name), "width": 1.5},
-            customdata=np.stack([part["min"], part["max"], part["count"]], axis=-1),
-            hovertemplate=f"{name}<br>%{{x:.6f}} s<br>avg %{{y:.4g}} (min %{{customdata[0]:.4g}}, "
-            "max %{customdata[1]:.4g}, %{customdata[2]} samples)<extra></extra>",
+            customdata=details,
+            hovertemplate=f"{name}<br>%{{customdata[0]}}<br>avg %{{customdata[1]}} (min %{{customdata[2]}}, "
+            "max %{customdata[3]}, %{customdata[4]} samples)<extra></extra>",
         ),
         row=row,
         col=1,
@@ -178,33 +225,32 @@ def _add_series(figure: go.Figure, window: Window, part: pd.DataFrame, name: str
 def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels: pd.Series, row: int) -> None:
     starts = events["start"].astype("int64")
     ends = events["end"].astype("int64")
-    pixel_s = window.width_s / 1500
+    pixel = window.width / 1500
     for kind, part in events.groupby("kind", sort=True):
         index = part.index
-        begin = window.seconds(starts[index])
-        length = (ends[index] - starts[index]).to_numpy() / NS_PER_S
-        colors = part["name"].map(color_of) if kind in ("nvtx", "phase", "step") else KIND_COLORS.get(str(kind), "#888")
+        begin = window.offsets(starts[index])
+        length = (ends[index] - starts[index]).to_numpy() / window.unit_ns
         details = np.stack(
             [
                 part["name"].astype(str).str.slice(0, 200).map(html.escape),
-                (ends[index] - starts[index]).map(format_duration),
-                starts[index].map(format_ns),
+                (ends[index] - starts[index]).map(units.duration),
+                (starts[index] - window.start_ns).map(units.offset),
                 part["correlation_id"].astype(str),
             ],
             axis=-1,
         )
         hover = (
-            f"<b>%{{customdata[0]}}</b><br>{kind}, %{{customdata[1]}}<br>start %{{customdata[2]}}"
+            f"<b>%{{customdata[0]}}</b><br>{kind}, %{{customdata[1]}}<br>starts at %{{customdata[2]}}"
             "<br>correlation %{customdata[3]}<extra>%{y}</extra>"
         )
         figure.add_trace(
             go.Bar(
-                x=np.maximum(length, pixel_s),  # a slice is drawn at least a pixel wide
+                x=np.maximum(length, pixel),  # a slice is drawn at least a pixel wide
                 base=begin,
                 y=labels[index],
                 orientation="h",
                 name=str(kind),
-                marker={"color": colors, "line": {"width": 0}},
+                marker=_marker(str(kind), part["name"]),
                 width=0.8,
                 customdata=details,
                 hovertemplate=hover,
@@ -212,6 +258,17 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
             row=row,
             col=1,
         )
+
+
+def _marker(kind: str, names: pd.Series) -> dict[str, object]:
+    """Events in their kind's colour; ranges in a colour of their name's, hatched and outlined."""
+    if kind not in RANGE_KINDS:
+        return {"color": KIND_COLORS.get(kind, "#888"), "line": {"width": 0}}
+    return {
+        "color": [color_of(str(name), RANGE_PALETTE) for name in names],
+        "line": {"width": 1, "color": RANGE_LINE},
+        "pattern": {"shape": "/", "fgcolor": RANGE_LINE, "fgopacity": 0.35, "size": 6},
+    }
 
 
 def _add_busy_cells(
@@ -223,25 +280,36 @@ def _add_busy_cells(
     count = int(buckets.max()) + 1
     position = {label: i for i, label in enumerate(order)}
     rows_of = labels.map(position).to_numpy()
-    busy = lanes["busy_ns"].to_numpy() / width_ns
+    busy = lanes["busy_ns"].to_numpy() / width_ns * 100
     shade = np.full((len(order), count), np.nan)
-    shade[rows_of, buckets] = np.maximum(busy, 0.04)  # a bucket of instants stays visible
-    details = np.full((len(order), count, 3), "", dtype=object)
-    details[rows_of, buckets, 0] = lanes["events"].astype(str).to_numpy()
+    shade[rows_of, buckets] = np.maximum(busy, 4)  # a bucket of instants stays visible
+    details = np.full((len(order), count, 4), "", dtype=object)
+    details[rows_of, buckets, 0] = [units.count(n) for n in lanes["events"]]
     details[rows_of, buckets, 1] = lanes["top_name"].astype(str).str.slice(0, 120).map(html.escape).to_numpy()
-    details[rows_of, buckets, 2] = [f"{share:.0%}" for share in busy]
+    details[rows_of, buckets, 2] = [units.percent(share) for share in busy]
+    details[rows_of, buckets, 3] = [
+        f"{units.offset(int(b) - window.start_ns)} to {units.offset(int(b) + width_ns - window.start_ns)}"
+        for b in lanes["bucket_start_ns"].astype("int64")
+    ]
+    low, high = figure.get_subplot(row, 1).yaxis.domain
     figure.add_trace(
         go.Heatmap(
             z=shade,
-            x0=float(window.seconds(np.array([start_ns + width_ns // 2]))[0]),
-            dx=width_ns / NS_PER_S,
+            x0=float(window.offsets(np.array([start_ns + width_ns // 2]))[0]),
+            dx=width_ns / window.unit_ns,
             y=order,
             zmin=0,
-            zmax=1,
+            zmax=100,
             colorscale="Blues",
-            showscale=False,
+            colorbar={
+                "title": {"text": BUSY_TITLE, "side": "right"},
+                "y": (low + high) / 2,
+                "len": max(high - low, 0.15),
+                "thickness": 12,
+                "ticksuffix": " %",
+            },
             customdata=details,
-            hovertemplate="%{y}<br>%{x:.6f} s<br>%{customdata[0]} events, busy %{customdata[2]}"
+            hovertemplate="%{y}<br>%{customdata[3]}<br>%{customdata[0]} events, busy %{customdata[2]}"
             "<br>most time: %{customdata[1]}<extra></extra>",
         ),
         row=row,
@@ -250,24 +318,76 @@ def _add_busy_cells(
 
 
 def bars(frame: pd.DataFrame, label: str, value: str, title: str, top: int = 20) -> go.Figure:
-    """The `top` rows by |value|, largest on top; rows without a value are left out."""
+    """The `top` rows by |value|, largest on top; rows without a value are left out. A bar per
+    full name, labelled with a short form unique in the chart; the full name and the value in
+    human units on hover; the value axis in one unit, named in `title` ("total time (ms)")."""
     frame = frame[frame[value].notna()]
     if frame.empty:
         return go.Figure()
     shown = frame.reindex(frame[value].abs().sort_values(ascending=False).index).head(top)
+    names = distinct(shown[label].astype(str).tolist())
+    short = unique_short_names(names, BAR_LABEL_WIDTH)
+    kind = column_kind(value, shown[value])
+    scale, unit = units.axis_scale(AXIS_UNITS.get(kind, ""), float(shown[value].abs().max()))
+    read = formatter(kind)
+    keys = [html.escape(name) for name in names]
     figure = go.Figure(
         go.Bar(
-            x=shown[value],
-            y=shown[label].astype(str).str.slice(0, 80).map(html.escape),
+            x=shown[value] / scale,
+            y=keys,
             orientation="h",
             marker={"color": [PALETTE[0] if v >= 0 else PALETTE[2] for v in shown[value]]},
-            hovertemplate="%{y}<br>%{x:,}<extra></extra>",
+            customdata=np.stack([[wrapped(name) for name in names], [read(v) for v in shown[value]]], axis=-1),
+            hovertemplate="%{customdata[0]}<br><b>%{customdata[1]}</b><extra></extra>",
         )
     )
     figure.update_layout(
-        title=title,
-        height=120 + 22 * len(shown),
-        yaxis={"autorange": "reversed"},
-        margin={"l": 10, "r": 10, "t": 40, "b": 30},
+        height=140 + 22 * len(shown),
+        yaxis={"autorange": "reversed", "tickmode": "array", "tickvals": keys,
+               "ticktext": [html.escape(short[name]) for name in names]},
+        xaxis={"title": {"text": html.escape(f"{title} ({unit})" if unit else title)}},
+        margin={"l": 10, "r": 10, "t": 20, "b": 40},
+    )  # fmt: skip
+    return figure
+
+
+def distinct(names: list[str]) -> list[str]:
+    """The names with repeats told apart (" (2)"), so that no two rows share a bar."""
+    seen: dict[str, int] = {}
+    result = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        result.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
+    return result
+
+
+def wrapped(name: str) -> str:
+    """A full name for a hover: escaped, broken into lines a screen can hold."""
+    return "<br>".join(html.escape(name[i : i + HOVER_LINE]) for i in range(0, len(name), HOVER_LINE))
+
+
+def xy(frame: pd.DataFrame, x: str, y: str, bar: bool = True) -> go.Figure:
+    """One column against another, as bars or a line: a column of ns or bytes in one unit on its
+    axis, instants (ns since the epoch) as times, both in human units on hover."""
+    kinds = {column: column_kind(column, frame[column]) for column in (x, y)}
+    scale, unit = units.axis_scale(AXIS_UNITS.get(kinds[y], ""), float(frame[y].abs().max()))
+    xs = frame[x]
+    if kinds[x] == "instant" and not pd.api.types.is_datetime64_any_dtype(xs.dtype):
+        xs = pd.to_datetime(xs, unit="ns", utc=True)
+    labels: dict[str, Any] = {}
+    if not pd.api.types.is_numeric_dtype(xs.dtype) and not pd.api.types.is_datetime64_any_dtype(xs.dtype):
+        raw = xs.astype(str)
+        short = unique_short_names(raw, SQL_LABEL_WIDTH)
+        xs = raw.map(html.escape)
+        labels = {"tickmode": "array", "tickvals": list(xs), "ticktext": [html.escape(short[v]) for v in raw]}
+    read_x, read_y = formatter(kinds[x]), formatter(kinds[y])
+    details = np.stack([[html.escape(read_x(v)) for v in frame[x]], [read_y(v) for v in frame[y]]], axis=-1)
+    hover = "%{customdata[0]}<br>%{customdata[1]}<extra></extra>"
+    trace = go.Bar if bar else go.Scatter
+    figure = go.Figure(trace(x=xs, y=frame[y] / scale, customdata=details, hovertemplate=hover))
+    figure.update_layout(
+        xaxis={"title": {"text": html.escape(x)}, **labels},
+        yaxis={"title": {"text": html.escape(f"{y} ({unit})" if unit else y)}},
+        margin={"l": 10, "r": 10, "t": 20, "b": 40},
     )
     return figure

@@ -1,22 +1,76 @@
-"""A table with its chart and a CSV download, the way every summary page shows one."""
+"""A table with its chart and a CSV download, the way every summary page shows one: cells in human
+units over the exact values (so that sorting stays numeric), the CSV exact for programs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pandas as pd
 import streamlit as st
+from pandas.io.formats.style import Styler
 
+from tracehouse import units
+from tracehouse.readable import METRIC_VALUES, OPAQUE_IDS, formatters, headers
 from ui import figures
 
 
-def table(frame: pd.DataFrame, name: str, what: str, label: str = "", value: str = "", title: str = "") -> None:
+def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
+    """`frame` for people: headers in words, cells in human units (instants as offsets from
+    `origin_ns` where given, else ISO), missing values blank, internal ids left out. The values
+    underneath stay the answer's own."""
+    shown = frame.drop(columns=[c for c in OPAQUE_IDS if c in frame.columns]).reset_index(drop=True)
+    shown.columns = [str(c) for c in shown.columns]
+    cells = formatters(shown, origin_ns)
+    names = headers(shown)
+    shown = shown.rename(columns=names)
+    styler = shown.style.format({names[c]: show for c, show in cells.items()})
+    if "metric" in names:  # min/avg/max of one metric a row: each row reads in its metric's unit
+        values = [names[c] for c in METRIC_VALUES if c in names]
+        for metric in shown[names["metric"]].dropna().unique():
+            rows = shown.index[shown[names["metric"]] == metric]
+            styler = styler.format(reading(str(metric)), subset=(rows, values))
+    return styler
+
+
+def reading(metric: str) -> Callable[[Any], str]:
+    return lambda value: units.metric_value(metric, value)
+
+
+def fitting_rows(frame: pd.DataFrame) -> int:
+    """How many rows of `frame` the table can style at once (Streamlit refuses more cells)."""
+    limit = int(pd.get_option("styler.render.max_elements"))
+    return max(1, limit // max(1, len(frame.columns)))
+
+
+def table(
+    frame: pd.DataFrame,
+    name: str,
+    what: str,
+    label: str = "",
+    value: str = "",
+    title: str = "",
+    *,
+    origin_ns: int | None = None,
+    top: int | None = None,
+) -> None:
     """A sortable table of `what` (said when there is none); with `label` and `value`, a bar
-    chart of the largest values first."""
+    chart of the largest values first. Instants read from `origin_ns` when given (say it once
+    above, with `origin_caption`). The table shows the first `top` rows, the CSV all."""
     if frame.empty:
         st.info(f"No {what} in this window.")
         return
     if label and value:
         st.plotly_chart(figures.bars(frame, label, value, title or value), key=f"chart-{name}", width="stretch")
-    st.dataframe(frame, hide_index=True, width="stretch")
+    rows = min(fitting_rows(frame), top or len(frame))
+    if len(frame) > rows:
+        st.caption(f"The first {rows:,} of {len(frame):,} {what} are shown; the CSV holds them all.")
+    st.dataframe(styled(frame.head(rows), origin_ns), hide_index=True, width="stretch")
     st.download_button(
         "Download CSV", frame.to_csv(index=False), file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}"
     )
+
+
+def origin_caption(origin_ns: int) -> str:
+    """The one absolute time that a window's offsets count from."""
+    return f"Times are from the window's start, {units.instant(origin_ns)}."

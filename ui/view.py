@@ -131,7 +131,8 @@ def pan(start_ns: int, end_ns: int, share: float) -> tuple[int, int]:
     return inside(start_ns + shift, end_ns + shift)
 
 
-def selected(start_ns: int, x0_s: float, x1_s: float) -> tuple[int, int]:
-    """A box selection on the time axis (seconds from the window's start) as a window."""
-    low, high = sorted((x0_s, x1_s))
-    return inside(start_ns + round(low * NS_PER_S), start_ns + round(high * NS_PER_S))
+def selected(start_ns: int, x0: float, x1: float, unit_ns: float = NS_PER_S) -> tuple[int, int]:
+    """A box selection on the time axis (offsets from the window's start, in units of `unit_ns`)
+    as a window."""
+    low, high = sorted((x0, x1))
+    return inside(start_ns + round(low * unit_ns), start_ns + round(high * unit_ns))

@@ -164,8 +164,11 @@ class Launcher:
             backend = open_backend(settings.simulate)
         except BackendUnavailable as error:
             if settings.agent == "start":
-                raise LaunchError(f"--agent start: {error}", status=1) from None
-            print(f"tracehouse: no GPU telemetry for this run: {error}", file=sys.stderr)
+                raise LaunchError(f"--agent start: {error} (--simulate N samples N simulated GPUs)", status=1) from None
+            print(
+                f"tracehouse: no GPU telemetry for this run: {error} (--simulate N samples N simulated GPUs)",
+                file=sys.stderr,
+            )
             return None, f"none: {error}", None
         return backend, f"started for the run: {backend.name}", backend.indices()
 

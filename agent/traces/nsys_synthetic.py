@@ -43,6 +43,19 @@ def global_pid(pid: int) -> int:
 
 
 @dataclass(frozen=True)
+class Gpu:
+    """The profiled GPU, as TARGET_INFO_GPU describes it (device 0)."""
+
+    name: str = "NVIDIA A100-SXM4-80GB"
+    uuid: str = "GPU-7c5a4e9b-0000-4000-8000-00000000a100"
+    bus: str = "0000:07:00.0"
+    memory: int = 85899345920
+    sm_count: int = 108
+    chip: str = "GA100"
+    compute: tuple[int, int] = (8, 0)  # capability major, minor
+
+
+@dataclass(frozen=True)
 class Spec:
     shape: str = "2026.1"
     steps: int = 20
@@ -53,6 +66,7 @@ class Spec:
     time_scale: int = 1  # every time from the session's start multiplied: 1000 makes µs steps ms steps
     pid: int = PID  # the profiled process (its main thread has the same id)
     hostname: str = "gpu-node-7"
+    gpu: Gpu = Gpu()
 
 
 # the leading columns of each table that are times from the session's start
@@ -192,16 +206,16 @@ def write_export(path: Path, spec: Spec = Spec()) -> dict[str, int]:
     insert("NVTX_EVENTS", workload.nvtx())
     insert("OSRT_API", workload.osrt())
     if "GPU_METRICS" in tables:
-        metrics = [(0x10000, 0, "GA100", 1, "SMs Active [Throughput %]"),
-                   (0x10000, 0, "GA100", 2, "DRAM Read Bandwidth [Throughput %]")]  # fmt: skip
+        metrics = [(0x10000, 0, spec.gpu.chip, 1, "SMs Active [Throughput %]"),
+                   (0x10000, 0, spec.gpu.chip, 2, "DRAM Read Bandwidth [Throughput %]")]  # fmt: skip
         insert("TARGET_INFO_GPU_METRICS", metrics)
         insert("GPU_METRICS", workload.gpu_metrics())
     cupti_tid = spec.pid + CUPTI_TID - MAIN_TID
     insert("ThreadNames", [(strings("python"), 0, global_tid(spec.pid, spec.pid)),
                            (strings("CUPTI worker thread"), 10, global_tid(spec.pid, cupti_tid))])  # fmt: skip
-    insert("TARGET_INFO_GPU", [(0, 0, "NVIDIA A100-SXM4-80GB", "0000:07:00.0", 1, 41943040, 85899345920,
-                                2039000000000, 1410000, 108, 0, "GPU-7c5a4e9b-0000-4000-8000-00000000a100", 0,
-                                "GA100", 0, 8, 0)])  # fmt: skip
+    gpu = spec.gpu
+    insert("TARGET_INFO_GPU", [(0, 0, gpu.name, gpu.bus, 1, 41943040, gpu.memory, 2039000000000, 1410000, gpu.sm_count,
+                                0, gpu.uuid, 0, gpu.chip, 0, *gpu.compute)])  # fmt: skip
     if spec.shape != "2021.2":
         started = datetime.fromtimestamp(spec.start_ns // 1_000_000_000, tz=UTC)
         insert("TARGET_INFO_SESSION_START_TIME", [

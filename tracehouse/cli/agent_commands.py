@@ -125,7 +125,7 @@ def run_agent(args: argparse.Namespace) -> int:
     try:
         backend = open_backend(args.simulate)
     except BackendUnavailable as error:
-        print(f"tracehouse: {error}", file=sys.stderr)
+        print(f"tracehouse: {error} (--simulate N samples N simulated GPUs instead)", file=sys.stderr)
         return EXIT_UNAVAILABLE
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # each ships what it holds, then stops

@@ -1,6 +1,8 @@
 """`tracehouse up --demo`: two small Nsight-style runs of a training loop, imported through
 the real importer, and the simulated telemetry of the host's GPUs during them, so that every
-page of the UI has something to show on a machine without a GPU."""
+page of the UI has something to show on a machine without a GPU. Each run's trace profiles
+the host's simulated GPU 0 (the same UUID and name as its telemetry): one GPU per run, and
+the host's GPUs are those it samples."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 from agent.shipping.writer import BatchWriter
 from agent.telemetry.simulated import SimulatedBackend
 from agent.traces.importer import ImportResult, import_export
-from agent.traces.nsys_synthetic import Spec, write_export
+from agent.traces.nsys_synthetic import Gpu, Spec, write_export
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
 from tracehouse.timefmt import NS_PER_S
@@ -36,12 +38,13 @@ def load_demo(
     """Import the demo runs ending before `now_ns`, and telemetry from their start to now."""
     writer = BatchWriter(server, security)
     results = []
+    profiled = traced_gpu(gpus)
     try:
         with tempfile.TemporaryDirectory(prefix="tracehouse-demo-") as folder:
             for name, spec, ends_before_s in RUNS:
                 start = now_ns - (ends_before_s + RUN_SPAN_S) * NS_PER_S
                 path = Path(folder) / f"{name.replace(' ', '-')}.sqlite"
-                write_export(path, replace(spec, start_ns=start))
+                write_export(path, replace(spec, start_ns=start, gpu=profiled))
                 results.append(import_export(path, writer, run_name=name, host=host, tags={"demo": "true"}))
         first = now_ns - (max(before for *_, before in RUNS) + RUN_SPAN_S + 5) * NS_PER_S
         writer.write(telemetry(host, first, now_ns, gpus))
@@ -49,6 +52,15 @@ def load_demo(
     finally:
         writer.close()
     return results
+
+
+def traced_gpu(gpus: int) -> Gpu:
+    """The simulated GPU 0 as a trace describes it."""
+    device = SimulatedBackend(max(1, gpus)).devices()[0]
+    return Gpu(
+        name=device.name, uuid=device.uuid, bus=device.pci_bus_id, memory=device.memory_total,
+        sm_count=device.sm_count, chip="GH100", compute=(9, 0),
+    )  # fmt: skip
 
 
 def telemetry(host: str, start_ns: int, end_ns: int, gpus: int) -> batch_pb2.Batch:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +19,8 @@ from tracehouse.cli.agent_commands import (
     run_import,
 )
 from tracehouse.cli.bench_command import _add_bench
+from tracehouse.cli.export_command import _add_export, run_export
+from tracehouse.cli.options import EXIT_UNAVAILABLE, with_time_values
 from tracehouse.cli.query_command import _add_query, run_query
 from tracehouse.cli.run_command import _add_run, run_run
 from tracehouse.cli.server_commands import _add_schema, _add_serve, run_schema, run_serve, run_ui
@@ -36,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(commands)
     _add_demo_train(commands)
     _add_query(commands)
+    _add_export(commands)
     _add_bench(commands)
     _add_token(commands)
     _add_schema(commands)
@@ -43,7 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    typed = with_time_values(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(typed)
+    args.typed = typed  # for hints that repeat the command with a change
+    try:
+        status = _dispatch(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as Python's docs advise
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor (captured)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_UNAVAILABLE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -52,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.ERROR)
     if args.command == "query":
         return run_query(args)
+    if args.command == "export":
+        return run_export(args)
     if args.command in ("serve", "up"):
         return run_serve(args)
     if args.command == "ui":

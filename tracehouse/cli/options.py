@@ -1,9 +1,15 @@
-"""What the commands share: exit statuses, argument types, the --server and client-security options."""
+"""What the commands share: exit statuses, argument types, the --server and client-security options, and
+how hints name this command so that they work when pasted."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shlex
+import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +22,46 @@ if TYPE_CHECKING:
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
+TIME_OPTIONS = ("--from", "--to")
+_RELATIVE_TIME = re.compile(r"-\d")  # -5m: a time before now, not an option
+
+
+def command_name(argv0: str | None = None, cwd: str | None = None) -> str:
+    """This command as the user can run it, for hints: `tracehouse` where that name on PATH is this
+    very program; else the path they ran (relative to `cwd` when inside it), or `python -m tracehouse.cli`."""
+    used = argv0 if argv0 is not None else sys.argv[0]
+    here = cwd or os.getcwd()
+    on_path = shutil.which("tracehouse")
+    if Path(used).name != "tracehouse":  # python -m tracehouse.cli, or a test runner: this interpreter's install
+        if on_path and Path(on_path).absolute().parent == Path(sys.executable).absolute().parent:
+            return "tracehouse"
+        return f"{shlex.quote(sys.executable)} -m tracehouse.cli"
+    if on_path and _same_file(on_path, os.path.join(here, used)):
+        return "tracehouse"
+    shown = os.path.normpath(used)
+    if os.path.isabs(shown) and Path(shown).is_relative_to(here):
+        shown = os.path.relpath(shown, here)
+    return shlex.quote(shown if "/" in shown else f"./{shown}")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def with_time_values(argv: Sequence[str]) -> list[str]:
+    """`--from -5m` as `--from=-5m`, so that argparse takes a time before now for the option's value and
+    not for an option; nothing after `--` or in `tracehouse run` (whose arguments are the user's command)."""
+    out = list(argv)
+    if next((arg for arg in out if not arg.startswith("-")), "") == "run":
+        return out
+    end = out.index("--") if "--" in out else len(out)
+    for i in range(end - 2, -1, -1):
+        if out[i] in TIME_OPTIONS and _RELATIVE_TIME.match(out[i + 1]):
+            out[i : i + 2] = [f"{out[i]}={out[i + 1]}"]
+    return out
 
 
 def _time(text: str) -> int:

@@ -1,22 +1,27 @@
 """Print a DataFrame as a table (for people), JSON or CSV (for programs).
 
-In table output times are ISO-8601 (UTC, ns); in JSON and CSV they are integer ns since
-the epoch, so nothing is rounded.
+A table reads as a person reads it (tracehouse.readable): human units, blank where a value is missing,
+headers in words, unique short names, numbers right-aligned; internal ids and wide maps (attrs, extras)
+only with `wide`, which also prints names whole. JSON and CSV keep every value exact: times and
+durations as integer ns, sizes as bytes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
 
-from tracehouse.timefmt import format_ns
+from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, column_kind, readable
 
 FORMATS = ("table", "json", "csv")
-MAX_CELL = 80
+WIDE_ONLY = ("attrs", "extras")  # maps of any width: in --wide, JSON and CSV
+MAX_CELL = 48  # other text cut to this in a table (names get unique short forms instead)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _time_columns(frame: pd.DataFrame) -> list[str]:
@@ -57,12 +62,43 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _cell(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+def _cell(text: str, cut: bool) -> str:
+    text = _CONTROL.sub("\ufffd", text)  # one row per line, whatever a trace's strings hold
+    return text[: MAX_CELL - 1] + "…" if cut and len(text) > MAX_CELL else text
 
 
-def render_many(frames: dict[str, pd.DataFrame], fmt: str, out: TextIO | None = None) -> None:
+def _right_aligned(frame: pd.DataFrame, column: str) -> bool:
+    values = frame[column]
+    if pd.api.types.is_bool_dtype(values.dtype):
+        return False
+    return pd.api.types.is_numeric_dtype(values.dtype) or column_kind(column, values) not in ("text", "instant")
+
+
+def table_text(frame: pd.DataFrame, wide: bool = False) -> str:
+    """The frame as lines of text for a terminal: two spaces between columns, numbers right-aligned."""
+    if frame.empty:
+        return "(no rows)\n"
+    hide = () if wide else (*OPAQUE_IDS, *WIDE_ONLY)
+    kept = [str(c) for c in frame.columns if c not in hide]
+    shown = readable(frame, name_width=None, hide=hide) if wide else readable(frame, hide=hide)
+    cuts = [not wide and c not in NAME_COLUMNS and column_kind(c, frame[c]) == "text" for c in kept]
+    columns = [
+        [header, *(_cell(str(v), cut) for v in shown[header])] for header, cut in zip(shown.columns, cuts, strict=True)
+    ]
+    widths = [max(len(cell) for cell in column) for column in columns]
+    right = [_right_aligned(frame, c) for c in kept]
+    rows = zip(*columns, strict=True)
+    lines = [
+        "  ".join(
+            cell.rjust(width) if align else cell.ljust(width)
+            for cell, width, align in zip(row, widths, right, strict=True)
+        ).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_many(frames: dict[str, pd.DataFrame], fmt: str, out: TextIO | None = None, wide: bool = False) -> None:
     """Several tables: one JSON object of arrays, or each table under a `# name` line."""
     out = out or sys.stdout
     if fmt == "json":
@@ -75,10 +111,10 @@ def render_many(frames: dict[str, pd.DataFrame], fmt: str, out: TextIO | None = 
         return
     for number, (name, frame) in enumerate(frames.items()):
         out.write(("\n" if number else "") + f"# {name}\n")
-        render(frame, fmt, out)
+        render(frame, fmt, out, wide)
 
 
-def render(frame: pd.DataFrame, fmt: str, out: TextIO | None = None) -> None:
+def render(frame: pd.DataFrame, fmt: str, out: TextIO | None = None, wide: bool = False) -> None:
     out = out or sys.stdout
     if fmt == "json":
         records = _as_ns(frame).to_dict(orient="records")
@@ -87,13 +123,6 @@ def render(frame: pd.DataFrame, fmt: str, out: TextIO | None = None) -> None:
     elif fmt == "csv":
         _as_ns(frame).to_csv(out, index=False)
     elif fmt == "table":
-        if frame.empty:
-            out.write("(no rows)\n")
-            return
-        shown = frame.copy()
-        for column in _time_columns(shown):
-            shown[column] = [("" if pd.isna(v) else format_ns(int(v.value))) for v in shown[column]]
-        shown = shown.map(_cell)
-        out.write(shown.to_string(index=False) + "\n")
+        out.write(table_text(frame, wide))
     else:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

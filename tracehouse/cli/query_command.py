@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
@@ -17,8 +19,18 @@ from tracehouse.cli.options import (
     _positive,
     _tag,
     _time,
+    command_name,
 )
 from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, RUN_SOURCES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from query.client import Client
+
+TABLE_GAPS = 20  # gaps a table shows unless --max-gaps says otherwise
+DATA_GAPS = 1000
+CONNECTION_OPTIONS = ("--server", "--token-file", "--tls-ca", "--tls-cert", "--tls-key")
 
 SUMMARY_KINDS = {
     "kernels": "cuda_gpu_kern_sum",
@@ -31,8 +43,11 @@ SUMMARY_KINDS = {
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("window")
-    group.add_argument("--run", default="", help="a run id: its events and its host's telemetry during it")
-    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, or now-15m")
+    group.add_argument(
+        "--run", default="", help="a run id, or a run's name where one run has it: its events and its host's "
+        "telemetry during it"
+    )  # fmt: skip
+    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, now-15m or -15m")
     group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
     group.add_argument("--host", action="append", default=[], help="repeat for several")
     group.add_argument("--gpu", action="append", type=_gpu, default=[], help="repeat for several")
@@ -46,7 +61,11 @@ def _add_query(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     _add_server_option(common)
     _add_client_security(common)
-    common.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    common.add_argument(
+        "--format", choices=("table", "json", "csv"), default="table",
+        help="table for people (human units); json and csv for programs (exact ns and bytes)",
+    )  # fmt: skip
+    common.add_argument("--wide", action="store_true", help="tables: whole names, ids and attributes")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default %(default)s)")
     sub = query.add_subparsers(dest="what", required=True, metavar="WHAT")
 
@@ -95,7 +114,10 @@ def _add_query(commands: Any) -> None:
         metavar="DURATION",
         help="idle gaps longer than this (default 1ms)",
     )
-    gpu_time.add_argument("--max-gaps", type=_positive, default=1000, help="the longest N gaps (default %(default)s)")
+    gpu_time.add_argument(
+        "--max-gaps", type=_positive, default=None, metavar="N",
+        help=f"the longest N gaps (default {TABLE_GAPS} in a table, {DATA_GAPS} in json and csv)",
+    )  # fmt: skip
     nvtx_gpu = sub.add_parser("nvtx-gpu", parents=[common], help="NVTX ranges projected onto the GPU work they launch")
     _add_window(nvtx_gpu)
     nvtx_gpu.add_argument("--ranges", type=_positive, default=None, metavar="N",
@@ -112,9 +134,8 @@ def _add_query(commands: Any) -> None:
         help="kernels shorter than this are short (default 10us)",
     )
     diff = sub.add_parser("diff", parents=[common], help="two runs side by side, the biggest changes first")
-    diff.add_argument(
-        "--run", dest="runs", action="append", default=[], required=True, metavar="RUN", help="twice: --run A --run B"
-    )
+    diff.add_argument("pair", nargs="*", metavar="RUN", help="the two runs, A then B (ids or names)")
+    diff.add_argument("--run", dest="runs", action="append", default=[], metavar="RUN", help="or --run A --run B")
     diff.add_argument(
         "--summary",
         action="append",
@@ -125,7 +146,7 @@ def _add_query(commands: Any) -> None:
     diff.add_argument("--limit", type=_positive, default=None, help="the top N changes")
 
     compare = sub.add_parser("compare", parents=[common], help="runs side by side, one row each")
-    compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids, in the order wanted")
+    compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids or names, in the order wanted")
     compare.add_argument(
         "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE",
         help="and the runs with every such tag, newest first",
@@ -145,58 +166,153 @@ def _window(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_query(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from query.client import Client, QueryFailed
-    from tracehouse.cli.output import render, render_many
 
     client = Client(args.server, timeout=args.timeout, security=_client_security(args))
-    frame: pd.DataFrame | dict[str, pd.DataFrame]
     try:
-        if args.what == "runs":
-            frame = client.runs(args.host, args.source or "", args.name, args.limit, dict(args.tag))
-        elif args.what == "devices":
-            frame = client.devices(args.host)
-        elif args.what == "metrics":
-            frame = client.metrics(**_window(args))
-        elif args.what == "series":
-            frame = client.series(args.metric, args.max_points, **_window(args))
-        elif args.what == "events":
-            frame = client.events(args.kind, args.name, limit=args.limit, **_window(args))
-        elif args.what in SUMMARY_KINDS:
-            frame = client.summary(args.what, args.limit or 0, **_window(args))
-        elif args.what == "gpu-time":
-            frame = client.gpu_time(args.min_gap, args.max_gaps, **_window(args))
-        elif args.what == "nvtx-gpu":
-            frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
-        elif args.what == "phases":
-            frame = client.phases(**_window(args))
-        elif args.what == "launch":
-            frame = client.launch(args.short, **_window(args))
-        elif args.what == "diff":
-            if len(args.runs) != 2:
-                print("tracehouse: diff compares two runs: --run A --run B", file=sys.stderr)
-                return EXIT_USAGE
-            frame = client.diff(args.runs[0], args.runs[1], args.summary, args.limit or 0)
-        elif args.what == "compare":
-            if not args.runs and not args.tag:
-                print("tracehouse: compare needs run ids, --tag KEY=VALUE, or both", file=sys.stderr)
-                return EXIT_USAGE
-            frame = client.compare(args.runs, dict(args.tag), args.top_kernels)
-            if frame.attrs.get("truncated"):
-                print(f"tracehouse: more runs matched; the first {len(frame)} are shown", file=sys.stderr)
-        else:
-            text = sys.stdin.read() if args.sql == "-" else args.sql
-            frame = client.sql(text, args.max_rows or 0)
-            if frame.attrs.get("truncated"):
-                print(f"tracehouse: result truncated to {len(frame)} rows", file=sys.stderr)
+        return _answer(client, args)
     except QueryFailed as error:
-        print(f"tracehouse: {error}", file=sys.stderr)
+        print(f"tracehouse: {pasteable(str(error), getattr(args, 'typed', []))}", file=sys.stderr)
         return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
     finally:
         client.close()
-    if isinstance(frame, dict):
-        render_many(frame, args.format)
+
+
+def _answer(client: Client, args: argparse.Namespace) -> int:
+    """Ask, then print the answer (and, in a table, what a person reads first or next)."""
+    from tracehouse.cli.output import render, render_many
+
+    table = args.format == "table"
+    frame: pd.DataFrame | dict[str, pd.DataFrame]
+    note = ""  # what a table leaves out, said after it
+    if args.what == "runs":
+        frame = client.runs(args.host, args.source or "", args.name, args.limit, dict(args.tag))
+        if table:
+            frame = runs_for_people(frame, client.devices())
+    elif args.what == "devices":
+        frame = client.devices(args.host)
+    elif args.what == "metrics":
+        frame = client.metrics(**_window(args))
+    elif args.what == "series":
+        frame = client.series(args.metric, args.max_points, **_window(args))
+    elif args.what == "events":
+        frame = client.events(args.kind, args.name, limit=args.limit, **_window(args))
+    elif args.what in SUMMARY_KINDS:
+        frame = client.summary(args.what, args.limit or 0, **_window(args))
+    elif args.what == "gpu-time":
+        gpu_time = client.gpu_time(args.min_gap, args.max_gaps or (TABLE_GAPS if table else DATA_GAPS), **_window(args))
+        note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
+        frame = gpu_time
+    elif args.what == "nvtx-gpu":
+        frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
+    elif args.what == "phases":
+        frame = client.phases(**_window(args))
+    elif args.what == "launch":
+        frame = client.launch(args.short, **_window(args))
+    elif args.what == "diff":
+        runs = [*args.pair, *args.runs]
+        if len(runs) != 2:
+            print("tracehouse: diff compares two runs: diff A B (or --run A --run B)", file=sys.stderr)
+            return EXIT_USAGE
+        frame = client.diff(runs[0], runs[1], args.summary, args.limit or 0)
+        if table:
+            _headline(client.compare(runs), client.diff(*runs) if args.summary or args.limit else frame)
+    elif args.what == "compare":
+        if not args.runs and not args.tag:
+            print("tracehouse: compare needs run ids or names, --tag KEY=VALUE, or both", file=sys.stderr)
+            return EXIT_USAGE
+        frame = client.compare(args.runs, dict(args.tag), args.top_kernels)
+        if frame.attrs.get("truncated"):
+            print(f"tracehouse: more runs matched; the first {len(frame)} are shown", file=sys.stderr)
+        if table and len(frame) == 2:
+            _headline(frame, client.diff(*frame["run_id"]))
     else:
-        render(frame, args.format)
+        text = sys.stdin.read() if args.sql == "-" else args.sql
+        frame = client.sql(text, args.max_rows or 0)
+        if frame.attrs.get("truncated"):
+            print(f"tracehouse: result truncated to {len(frame)} rows", file=sys.stderr)
+    if isinstance(frame, dict):
+        render_many(frame, args.format, wide=args.wide)
+    else:
+        render(frame, args.format, wide=args.wide)
+    if note:
+        print(note)
     return 0
+
+
+def _headline(runs: pd.DataFrame, changes: pd.DataFrame) -> None:
+    from query.headline import compare_headline
+
+    sentence = compare_headline(runs, changes)
+    if sentence:
+        print(sentence + "\n")
+
+
+def more_gaps(gaps: pd.DataFrame, min_gap_ns: int, typed: Sequence[str]) -> str:
+    """What a table of the longest gaps leaves out, and the command that lists them all."""
+    from tracehouse.units import count, duration
+
+    total = int(gaps.attrs.get("gap_count", len(gaps)))
+    if total <= len(gaps):
+        return ""
+    again = [*_without("--max-gaps", typed), "--max-gaps", str(min(total, DEFAULT_LIMITS.max_list_rows))]
+    return (
+        f"… and {count(total - len(gaps))} more idle gaps longer than {duration(min_gap_ns)}; "
+        f"{command_name()} {shlex.join(again)} lists them"
+    )
+
+
+def _without(option: str, typed: Sequence[str]) -> list[str]:
+    """`typed` less `option` and its value."""
+    out: list[str] = []
+    skip = False
+    for arg in typed:
+        if skip or arg.startswith(option + "="):
+            skip = False
+            continue
+        if arg == option:
+            skip = True
+            continue
+        out.append(arg)
+    return out
+
+
+def _connection(typed: Sequence[str]) -> list[str]:
+    """The options of `typed` that say which server to ask and how: a hint's command needs them too."""
+    out: list[str] = []
+    for i, arg in enumerate(typed):
+        if arg in CONNECTION_OPTIONS and i + 1 < len(typed):
+            out += [arg, typed[i + 1]]
+        elif arg.split("=", 1)[0] in CONNECTION_OPTIONS and "=" in arg:
+            out.append(arg)
+    return out
+
+
+def pasteable(message: str, typed: Sequence[str]) -> str:
+    """The server's message on one line, a command it suggests as this user can run it against this server."""
+    text = " ".join(message.split()).replace("`tracehouse ", f"`{command_name()} ")
+    head, hint, tail = text.rpartition(" tracehouse query ")
+    if not hint:
+        return text
+    flags = _connection(typed)
+    return f"{head} {command_name()} query {tail}" + (f" {shlex.join(flags)}" if flags else "")
+
+
+def runs_for_people(runs: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
+    """Runs as a table reads them: how long each took and on how many GPUs (query.rungpus's one
+    definition), in place of its end."""
+    import pandas as pd
+
+    from query.rungpus import recorded_count
+
+    registered = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].agg(list).to_dict() if len(devices) else {}
+    took = [None if pd.isna(end) else int((end - start).value) for start, end in zip(runs["start"], runs["end"],
+                                                                                      strict=True)]  # fmt: skip
+    gpus = [
+        recorded_count(source, attrs, registered.get(run, []))
+        for run, source, attrs in zip(runs["run_id"], runs["source"], runs["attrs"], strict=True)
+    ]
+    shown = runs.drop(columns=["end", "relative_time"])
+    shown.insert(5, "duration_ns", pd.Series(took, index=runs.index, dtype="Int64"))
+    shown.insert(6, "gpus", pd.Series(gpus, index=runs.index, dtype="Int64"))
+    return shown

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -25,8 +26,10 @@ from pathlib import Path
 from agent.runs.children import stop_process, with_parent
 from tracehouse import config
 from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
+from tracehouse.cli.options import command_name
 from tracehouse.security import TOKEN_BYTES, ServerSecurity, glob_escape
 
+ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs `tracehouse`, for the UI's hints
 UI_START_TIMEOUT_S = 60.0
 DEMO_TRAIN_STEPS = 30
 DEMO_TRAIN_TIMEOUT_S = 300.0  # demo-train is stopped after this long
@@ -74,9 +77,11 @@ def start_ui(
 
 def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, str]:
     """This process's environment with the server's address and `security` as the variables
-    that the app's Client reads (and none of this process's own credentials or store settings)."""
+    that the app's Client reads (and none of this process's own credentials or store settings),
+    and this command as the user runs it (for the hints the UI prints)."""
     inherited = {name: value for name, value in os.environ.items() if name not in NOT_FOR_UI}
-    return {**inherited, config.ENV_SERVER: server, **(security or ClientSecurity()).environment()}
+    own = {config.ENV_SERVER: server, ENV_COMMAND: command_name()}
+    return {**inherited, **own, **(security or ClientSecurity()).environment()}
 
 
 def demo_train_command(address: str, steps: int = DEMO_TRAIN_STEPS) -> list[str]:
@@ -144,7 +149,7 @@ class Up:
             backend = open_backend(None)
             what = "NVML"
         except BackendUnavailable as error:
-            print(f"tracehouse: {error}\ntracehouse: sampling 2 simulated GPUs instead", file=sys.stderr)
+            print(f"tracehouse: {error}; sampling 2 simulated GPUs instead", file=sys.stderr)
             backend = open_backend(2)
             what = "2 simulated GPUs"
         started = time.time_ns()
@@ -159,20 +164,26 @@ class Up:
             print(f"tracehouse: imported the demo runs {', '.join(r.run_id for r in runs)}", file=sys.stderr)
             self._demo_train(address)
         lines = [f"tracehouse is up: gRPC on {address}, agent sampling {what}, store in {config.home()}"]
+        reader = self._ui_security()
         if self.ui_port is not None:
-            self.ui = start_ui(address, self.ui_port, security=self._ui_security())
+            self.ui = start_ui(address, self.ui_port, security=reader)
             lines.append(f"  UI: http://127.0.0.1:{self.ui_port}")
-        flags = f"--server {address}" + (" --token-file FILE" if self.agent_token else "")
         if self.tls:
             lines.append(
                 f"  ({address} is plain text, for this user's processes only; elsewhere use --listen with --tls-ca)"
             )
-        lines += [
-            f"  tracehouse query runs {flags}",
-            f"  tracehouse query series --metric gpu.util_pct --from -5m {flags}",
-            "Ctrl-C stops it.",
-        ]
+        lines += [f"  {hint}" for hint in self.hints(address, reader)]
+        lines.append("Ctrl-C stops it.")
         print("\n".join(lines), flush=True)
+
+    @staticmethod
+    def hints(address: str, reader: ClientSecurity) -> list[str]:
+        """Commands to try, as this user can run them against this server (with a read token while it runs)."""
+        flags = ["--server", address, *(["--token-file", str(reader.token_file)] if reader.token_file else [])]
+        return [
+            f"{command_name()} {shlex.join(['query', 'runs', *flags])}",
+            f"{command_name()} {shlex.join(['query', 'series', '--metric', 'gpu.util_pct', '--from', '-5m', *flags])}",
+        ]
 
     def _demo_train(self, address: str, timeout: float = DEMO_TRAIN_TIMEOUT_S) -> None:
         """Where torch is installed, a real workload too: `tracehouse demo-train` in a process of

@@ -221,12 +221,14 @@ class GpuTimeRequest(_message.Message):
     def __init__(self, window: _Optional[_Union[Window, _Mapping]] = ..., min_gap_ns: _Optional[int] = ..., max_gaps: _Optional[int] = ...) -> None: ...
 
 class GpuTimeResponse(_message.Message):
-    __slots__ = ("gpus", "gaps")
+    __slots__ = ("gpus", "gaps", "gap_count")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GAPS_FIELD_NUMBER: _ClassVar[int]
+    GAP_COUNT_FIELD_NUMBER: _ClassVar[int]
     gpus: Table
     gaps: Table
-    def __init__(self, gpus: _Optional[_Union[Table, _Mapping]] = ..., gaps: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...
+    gap_count: int
+    def __init__(self, gpus: _Optional[_Union[Table, _Mapping]] = ..., gaps: _Optional[_Union[Table, _Mapping]] = ..., gap_count: _Optional[int] = ...) -> None: ...
 
 class NvtxGpuRequest(_message.Message):
     __slots__ = ("window", "limit")

@@ -1,15 +1,18 @@
-"""Two runs side by side: their key figures (duration, energy, utilisation, memory peak, busy %),
-then kernels, CUDA API and memory operations matched by name, the biggest changes first."""
+"""Two runs side by side: the answer in one sentence, their key figures (duration, GPUs, busy %,
+utilisation, memory peak, energy), then kernels, CUDA API and memory operations matched by name,
+the biggest changes first; every other column in expanders."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from query.headline import compare_headline, key_figures
 from ui.controls import run_label
 from ui.data import ask, plain, stop_if_empty
-from ui.tables import table
+from ui.tables import styled, table
 
 SUMMARIES = ("kernels", "api", "memops")
+CHANGE_COLUMNS = ("category", "name", "total_ns_a", "total_ns_b", "delta_ns", "delta_pct")
 
 st.title("Compare")
 stop_if_empty()
@@ -43,7 +46,16 @@ if {"a": run_a, "b": run_b} != {k: params.get(k) for k in ("a", "b")}:
 if run_a == run_b:
     st.info("Pick two different runs.")
     st.stop()
-st.dataframe(ask("compare", (run_a, run_b)), hide_index=True, width="stretch")
+runs = ask("compare", (run_a, run_b))
+st.success(plain(compare_headline(runs, ask("diff", run_a, run_b)), 2000))
+st.caption(f"A: {plain(labels.get(run_a, run_a))} · B: {plain(labels.get(run_b, run_b))}")
+st.dataframe(key_figures(runs), hide_index=True)
 summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
 changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
-table(changes, "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A (ns)")
+main = [c for c in CHANGE_COLUMNS if c in changes.columns]
+table(changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A")
+with st.expander("Every figure of both runs"):
+    st.dataframe(styled(runs), hide_index=True, width="stretch")
+if not changes.empty:
+    with st.expander("Every column of the changes (instances, averages)"):
+        st.dataframe(styled(changes), hide_index=True, width="stretch")

@@ -1,14 +1,14 @@
 """Where GPU time went in the window: nsys-stats-style summaries, busy and idle time per GPU
-with the idle gaps, and per phase the GPU's busy share and telemetry."""
+with the longest idle gaps, and per phase the GPU's busy share and telemetry."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from tracehouse.timefmt import parse_duration
+from tracehouse import units
 from ui.controls import window_sidebar, zoom_buttons
 from ui.data import ask, stop_if_empty
-from ui.tables import table
+from ui.tables import origin_caption, table
 
 SUMMARIES = {  # tab: (summary, what it lists)
     "Kernels": ("kernels", "kernels"),
@@ -16,6 +16,9 @@ SUMMARIES = {  # tab: (summary, what it lists)
     "Memory ops": ("memops", "memory operations"),
     "NVTX": ("nvtx", "NVTX ranges, phases and steps"),
 }
+GAPS_SHOWN = 20
+GAP_CHOICES = [10_000, 100_000, 1_000_000, 10_000_000, 100_000_000]
+GAPS_ASKED = 1000  # per GPU, the longest first
 
 st.title("Kernels & phases")
 stop_if_empty()
@@ -25,21 +28,26 @@ zoom_buttons(scope, "kernels")
 tabs = st.tabs([*SUMMARIES, "GPU time", "Phases", "NVTX → GPU"])
 for tab, (title, (kind, what)) in zip(tabs, SUMMARIES.items(), strict=False):
     with tab:
-        table(ask("summary", kind, **window), kind, what, "name", "total_ns", f"{title}: total time (ns)")
+        table(ask("summary", kind, **window), kind, what, "name", "total_ns", f"{title}: total time")
 with tabs[4]:
-    min_gap = st.select_slider("Idle gaps longer than", ["10us", "100us", "1ms", "10ms", "100ms"], value="1ms")
-    answer = ask("gpu_time", min_gap_ns=parse_duration(min_gap), **window)
+    min_gap_ns = st.select_slider("Idle gaps longer than", GAP_CHOICES, value=1_000_000, format_func=units.duration)
+    min_gap = units.duration(min_gap_ns)
+    answer = ask("gpu_time", min_gap_ns=min_gap_ns, max_gaps=GAPS_ASKED, **window)
     gpus = answer["gpus"]
     if not gpus.empty:
         gpus = gpus.assign(gpu_name=gpus["host"] + " GPU " + gpus["gpu"].astype(str))
-    table(gpus, "gpu_time", "GPU work", "gpu_name", "busy_pct", "busy % per GPU")
+    st.caption(origin_caption(scope.start_ns))
+    table(gpus, "gpu_time", "GPU work", "gpu_name", "busy_pct", "busy share per GPU", origin_ns=scope.start_ns)
+    gaps = answer["gaps"].sort_values("length_ns", ascending=False, kind="stable")
     st.subheader("Idle gaps, longest first")
-    table(answer["gaps"], "idle_gaps", f"idle gaps longer than {min_gap}")
+    if not gaps.empty and int(gaps.groupby(["host", "gpu"]).size().max()) >= GAPS_ASKED:
+        st.caption(f"A GPU has {GAPS_ASKED:,} gaps or more: listed are its {GAPS_ASKED:,} longest.")
+    table(gaps, "idle_gaps", f"idle gaps longer than {min_gap}", origin_ns=scope.start_ns, top=GAPS_SHOWN)
 with tabs[5]:
     phases = ask("phases", **window)
     if not phases.empty:
         phases = phases.assign(phase=phases["name"] + " · GPU " + phases["gpu"].astype(str))
-    table(phases, "phases", "NVTX ranges or phases", "phase", "busy_pct", "GPU busy % inside each phase")
+    table(phases, "phases", "NVTX ranges or phases", "phase", "busy_pct", "GPU busy share inside each phase")
 with tabs[6]:
     projected = ask("nvtx_gpu", **window)["summary"]
-    table(projected, "nvtx_gpu", "NVTX ranges", "name", "gpu_total_ns", "GPU time of the work launched inside (ns)")
+    table(projected, "nvtx_gpu", "NVTX ranges", "name", "gpu_total_ns", "GPU time of the work launched inside")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from query.rungpus import recorded_count
 from tracehouse.model import RUN_SOURCES
 from ui.controls import SESSION_VIEW, run_label
 from ui.data import ask, stop_if_empty
+from ui.tables import styled
 from ui.view import View
+
+MAX_COMPARED = 100  # runs that recorded no GPUs: compare finds theirs, for this many at most
 
 st.title("Runs")
 stop_if_empty()
@@ -20,8 +24,16 @@ chosen_host = host.selectbox("Host", ["", *hosts], format_func=lambda h: h or "(
 chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambda s: s or "(all)")
 found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
 devices = ask("devices")
-gpus_of_run = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].nunique()
-gpus_of_host = devices.groupby("host")["gpu"].nunique()
+registered = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].apply(list).to_dict()
+# a run's GPUs as compare counts them (query/rungpus.py): what it recorded, else what compare finds
+gpus: dict[str, int | None] = {
+    run: recorded_count(kind, attrs, registered.get(run, []))
+    for run, kind, attrs in zip(found["run_id"], found["source"], found["attrs"], strict=True)
+}
+unknown = tuple(run for run, count in gpus.items() if count is None)[:MAX_COMPARED]
+if unknown:
+    compared = ask("compare", unknown)
+    gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
 table = pd.DataFrame(
     {
         "name": found["name"],
@@ -30,15 +42,12 @@ table = pd.DataFrame(
         "source": found["source"],
         "start": found["start"],
         "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
-        "gpus": [
-            int(gpus_of_run.get(run, gpus_of_host.get(host, 0)))
-            for run, host in zip(found["run_id"], found["host"], strict=True)
-        ],
+        "gpus": pd.array([gpus.get(run) for run in found["run_id"]], dtype="Int64"),
         "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
     }
 )
 st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
-st.dataframe(table, hide_index=True, width="stretch")
+st.dataframe(styled(table), hide_index=True, width="stretch")
 labels = run_label(found)
 selected = st.multiselect(
     "Select one run for its timeline, or two to compare",

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
+from ui import figures
 from ui.data import ask
 from ui.tables import table
 
@@ -41,7 +39,5 @@ with query:
         x = st.selectbox("Chart: x", list(answer.columns), index=0)
         y = st.selectbox("Chart: y", numeric, index=len(numeric) - 1)
         kind = st.radio("Chart", ["bar", "line"], horizontal=True)
-        draw = px.bar if kind == "bar" else px.line
-        labels = {x: html.escape(str(x)), y: html.escape(str(y))}
-        st.plotly_chart(draw(answer.head(5000), x=x, y=y, labels=labels), width="stretch")
+        st.plotly_chart(figures.xy(answer.head(5000), str(x), str(y), bar=kind == "bar"), width="stretch")
     table(answer, "query_result", "rows")

@@ -3,20 +3,24 @@ Select a span on any panel to zoom into it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from functools import partial
 
 import pandas as pd
 import streamlit as st
 
 from ui import figures
 from ui.controls import show, stamp, window_sidebar, zoom_buttons
-from ui.data import ask, stop_if_empty
+from ui.data import ask, stop_if_empty, trace_file
 from ui.view import selected
 
 POINTS = 1500  # per series, and buckets per lane: about a wide screen's pixels
 EXACT_EVENTS = 4000  # up to this many events in the window are drawn one by one,
 CROWDED = 2  # unless a lane has more than this many in one bucket (about a pixel)
 LANE_KINDS = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "phase", "step", "sync")
+TRACE_FILES = {"perfetto": ("Perfetto trace", "pftrace", "application/octet-stream"),
+               "chrome": ("Chrome JSON", "json", "application/json")}  # fmt: skip
 
 st.title("Timeline")
 stop_if_empty()
@@ -56,8 +60,9 @@ if events_in_window and events is None:
         "drawn one by one once they are few enough."
     )
 drawn = series if series is not None else pd.DataFrame(columns=["host", "gpu", "metric", "bucket_start"])
+span = figures.Window(scope.start_ns, scope.end_ns)
 figure = figures.timeline(
-    figures.Window(scope.start_ns, scope.end_ns),
+    span,
     drawn,
     [m for m in metrics if m in set(drawn["metric"])],
     lanes=None if events is not None else lanes,
@@ -69,6 +74,17 @@ chosen = st.plotly_chart(
 boxes = chosen.selection.box if chosen else []
 if boxes:
     x0, x1 = boxes[0]["x"][:2]
-    chosen_window = selected(scope.start_ns, x0, x1)
+    chosen_window = selected(scope.start_ns, x0, x1, span.unit_ns)
     if chosen_window != (scope.start_ns, scope.end_ns):  # the same window again would rerun forever
         show(view.with_window(*chosen_window))
+name = re.sub(r"[^A-Za-z0-9._-]+", "-", view.run or "window").strip("-")[:80] or "window"
+st.markdown("**Download this window** to open in https://ui.perfetto.dev (or chrome://tracing)")
+for column, (fmt, (what, suffix, mime)) in zip(st.columns([1, 1.2, 3])[:2], TRACE_FILES.items(), strict=True):
+    column.download_button(
+        what,
+        data=partial(trace_file, window, fmt),  # fetched on the click, not on every rerun
+        file_name=f"tracehouse-{name}-{scope.start_ns}.{suffix}",
+        mime=mime,
+        key=f"trace-{fmt}",
+        help="GPU work, CUDA API calls, NVTX ranges and telemetry of the window shown",
+    )

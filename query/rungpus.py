@@ -1,0 +1,59 @@
+"""A run's GPUs: one definition for every answer and page. Pure.
+
+How many GPUs a run has (`gpus`) is what the run recorded: the indices a `tracehouse run` user
+listed (`--gpus 0,1`), else the count an importer or agent stored in the run's attrs (the trace's
+GPUs, the GPUs sampled), else the devices registered under the run. Which ones (`gpu_indices`) is
+the first of these with that many GPUs: the listed indices, the devices registered under the run,
+the GPUs its own GPU work ran on, and the GPUs its telemetry shows (those its processes have
+samples on, else its host's GPUs with samples during it). A run that recorded nothing gets the
+first of those lists that is not empty. (The devices table keeps one row per host, GPU and UUID,
+naming the run that described it last: an earlier run's registration can be lost, its count not.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from tracehouse.model import DEFAULT_LIMITS
+
+MAX_INDEX = DEFAULT_LIMITS.max_gpu_index
+
+
+def listed_gpus(source: str, attrs: Mapping[str, str]) -> tuple[int, ...]:
+    """The GPU indices in the `gpus` attribute ("0,1") of a run of source `user`; none when
+    absent, not a list of indices, or naming one past max_gpu_index."""
+    if source != "user":
+        return ()
+    parts = [part.strip() for part in attrs.get("gpus", "").split(",") if part.strip()]
+    if not all(_small_number(part) and int(part) <= MAX_INDEX for part in parts):
+        return ()
+    return tuple(sorted({int(part) for part in parts}))
+
+
+def recorded_count(source: str, attrs: Mapping[str, str], registered: Sequence[int]) -> int | None:
+    """How many GPUs the run recorded; None when it recorded nothing."""
+    listed = listed_gpus(source, attrs)
+    if listed:
+        return len(listed)
+    stored = attrs.get("gpus", "").strip()
+    if source != "user" and _small_number(stored) and 0 < int(stored) <= MAX_INDEX + 1:
+        return int(stored)
+    return len(set(registered)) or None
+
+
+def run_gpus(count: int | None, candidates: Iterable[Sequence[int]]) -> tuple[int, ...]:
+    """The first candidate list with `count` GPUs (any non-empty one when count is None); () when none has."""
+    for candidate in candidates:
+        gpus = tuple(sorted({int(gpu) for gpu in candidate}))
+        if gpus and (count is None or len(gpus) == count):
+            return gpus
+    return ()
+
+
+def indices_text(gpus: Sequence[int]) -> str:
+    """ "0,1": the form programs read (CSV, JSON, the `gpus` attribute)."""
+    return ",".join(str(gpu) for gpu in gpus)
+
+
+def _small_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5

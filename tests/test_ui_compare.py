@@ -1,0 +1,99 @@
+"""The Runs and Compare pages under Streamlit's AppTest, against the real server: Compare opens
+with its one-sentence answer and a short table of key figures; both pages count a run's GPUs as
+`compare` does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from query.client import Client
+from query.headline import compare_headline, key_figures
+from tests.helpers import MS, T0, S, request
+from tracehouse.batch import BatchBuilder
+from tracehouse.config import ENV_SERVER
+from tracehouse.metrics import GPU_UTIL
+from tracehouse.v1 import ingest_pb2_grpc
+from ui.data import plain
+
+APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
+HOST = "node-ui"
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches() -> Iterator[None]:
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_resource.clear()
+
+
+@pytest.fixture
+def scene(ingest: ingest_pb2_grpc.IngestStub) -> list[str]:
+    """The host's agent (GPUs 0 and 1, utilisation sampled), two imports of GPU 0 (the later one
+    registers it again) and a user's run that recorded no GPUs."""
+    ticks = np.arange(T0, T0 + 40 * S, 100 * MS)
+    agent = BatchBuilder("agent-ui", run_id="agent-ui", host=HOST)
+    agent.add_run("agent-ui", name="agent", host=HOST, source="agent", start=T0, end=T0 + 40 * S, attrs={"gpus": "2"})
+    for gpu in (0, 1):
+        agent.add_device(HOST, gpu, uuid=f"GPU-{gpu}", name="sampled", run_id="agent-ui")
+        agent.add_samples(GPU_UTIL, ticks, (ticks // S % 7 * 10 + gpu).astype(float), gpu=gpu)
+    ingest.Write(request(agent), timeout=60)
+    for number, (run_id, kernel_ms) in enumerate((("early", 900), ("late", 400))):
+        start = T0 + (1 + 12 * number) * S
+        batch = BatchBuilder(f"run-{run_id}", run_id=run_id, host=HOST)
+        batch.add_run(run_id, name=f"run {run_id}", host=HOST, source="nsys", start=start,
+                      end=start + (10 - 2 * number) * S, attrs={"gpus": "1"})  # fmt: skip
+        batch.add_device(HOST, 0, uuid="GPU-0", name="traced", run_id=run_id)
+        batch.add_events("kernel", [start + MS], [start + (1 + kernel_ms) * MS], "gemm", gpu=0, stream=7)
+        batch.add_events("cuda_api", [start + MS], [start + 3 * S], "cudaDeviceSynchronize", gpu=-1)
+        ingest.Write(request(batch), timeout=60)
+    user = BatchBuilder("run-user", run_id="user-ui", host=HOST)
+    user.add_run("user-ui", name="a user's run", host=HOST, start=T0 + 30 * S, end=T0 + 35 * S)
+    ingest.Write(request(user), timeout=60)
+    return ["agent-ui", "early", "late", "user-ui"]
+
+
+def open_page(server: str, monkeypatch: pytest.MonkeyPatch, page: str, **params: str) -> AppTest:
+    monkeypatch.setenv(ENV_SERVER, server)
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.run()
+    if page:
+        app.switch_page(f"pages/{page}.py")
+        app.query_params.update(params)
+        app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
+
+
+def test_compare_opens_with_the_answer_and_the_key_figures(
+    address: str, client: Client, scene: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_page(address, monkeypatch, "compare", a="early", b="late")
+    runs, changes = client.compare(["early", "late"]), client.diff("early", "late")
+    headline = compare_headline(runs, changes)
+    assert headline == "run late is 20.0 % faster than run early (10 s → 8 s). Biggest change: gemm -500 ms (-55.6 %)."
+    assert [s.value for s in app.success] == [plain(headline, 2000)], "the answer comes first"
+    figures = app.dataframe[0].value
+    pd.testing.assert_frame_equal(figures, key_figures(runs))
+    assert list(figures.columns) == ["Figure", "A", "B", "Change"], "four short columns: no horizontal scroll"
+    shown = figures.set_index("Figure")
+    assert shown.loc["Duration"].tolist() == ["10 s", "8 s", "-2 s (-20.0 %)"]
+    assert shown.loc["GPUs"].tolist() == ["1 (0)", "1 (0)", "="]
+    assert not any(len(str(cell)) > 40 for cell in figures.to_numpy().ravel()), "short cells"
+    assert [e.label for e in app.expander][:1] == ["Every figure of both runs"], "the details below, folded"
+
+
+def test_runs_page_counts_gpus_as_compare_does(
+    address: str, client: Client, scene: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = open_page(address, monkeypatch, "")
+    listed = app.dataframe[0].value.set_index("run")["gpus"].to_dict()
+    compared = client.compare(scene).set_index("run_id")["gpus"].to_dict()
+    assert listed == compared == {"agent-ui": 2, "early": 1, "late": 1, "user-ui": 2}

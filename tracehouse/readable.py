@@ -1,0 +1,147 @@
+"""A query answer as a person reads it: each column's unit told by its name (`total_ns`, `busy_pct`,
+`gpu_mem_peak_bytes`, datetime columns), its cells in human units, missing values blank, headers in
+words with the unit where one unit holds for the column. Pure: DataFrames in, text out.
+
+The answer itself is never changed: programs read exact ns and bytes from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from tracehouse import units
+from tracehouse.shortnames import DEFAULT_WIDTH, unique_short_names
+
+Formatter = Callable[[Any], str]
+
+OPAQUE_IDS = ("id", "range_id")  # internal keys: for programs, not for people
+COUNTS = {"instances", "kernels", "events", "samples", "islands", "gpu_ops", "count", "calls", "rows",
+          "with_gpu_work", "points", "sm_count", "api_calls", "short", "syncs"}  # fmt: skip
+NAME_COLUMNS = ("name", "top_name", "kernel", "range", "phase")
+METRIC_VALUES = ("min", "avg", "max", "value", "mean", "p50", "p95", "p99")
+WORDS = {"avg": "avg", "med": "median", "min": "min", "max": "max", "stddev": "std dev", "pct": "%",
+         "delta": "Δ", "p90": "p90", "p95": "p95", "p99": "p99", "gpu": "GPU", "sm": "SM", "mem": "mem",
+         "util": "util", "a": "A", "b": "B", "nvtx": "NVTX", "api": "API", "pid": "pid", "tid": "tid"}  # fmt: skip
+UNIT_TOKENS = {"ns", "bytes", "s", "j", "w", "mhz", "c"}
+
+
+def column_kind(name: str, values: pd.Series | None = None) -> str:
+    """One of instant, duration, seconds, size, rate, percent, energy, power, clock, count, text, number."""
+    if values is not None and pd.api.types.is_datetime64_any_dtype(values.dtype):
+        return "instant"
+    tokens = name.lower().split("_")
+    if "ns" in tokens:
+        moments = {"start", "end", "first", "last", "ts", "at"}
+        return "instant" if moments & set(tokens) and "delta" not in tokens else "duration"
+    if "bytes" in tokens:
+        return "rate" if "per" in tokens else "size"
+    if name == "memory_total" or name == "bytes":
+        return "size"
+    if "pct" in tokens or name.endswith("%") or {"util", "active"} & set(tokens):
+        return "percent"
+    if tokens[-1] == "s" or tokens[-2:-1] == ["s"]:
+        return "seconds"
+    if "j" in tokens:
+        return "energy"
+    if "w" in tokens:
+        return "power"
+    if "mhz" in tokens:
+        return "clock"
+    if name in COUNTS:
+        return "count"
+    if values is not None and pd.api.types.is_float_dtype(values.dtype):
+        return "number"
+    return "text"
+
+
+def header(name: str, kind: str) -> str:
+    """`total_ns` -> 'total', `time_pct` -> 'time %', `avg_ns_a` -> 'avg A', `gpu_mem_peak_bytes` -> 'GPU mem peak'."""
+    words = [WORDS.get(token, token) for token in name.split("_") if token.lower() not in UNIT_TOKENS]
+    if kind == "percent" and "%" not in words:
+        words.append("%")
+    if kind == "rate" and words[-2:] == ["per", "s"]:
+        words = words[:-2]
+    return " ".join(word for word in words if word) or name
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    if units.missing(value):
+        return ""
+    if isinstance(value, float):
+        return units.significant(value, 4)
+    return str(value)
+
+
+def _instant(origin_ns: int | None) -> Formatter:
+    def show(value: Any) -> str:
+        if units.missing(value):
+            return ""
+        ns = int(value.value) if isinstance(value, pd.Timestamp) else int(value)
+        return units.offset(ns - origin_ns) if origin_ns is not None else units.instant(ns)
+
+    return show
+
+
+def formatter(kind: str, origin_ns: int | None = None) -> Formatter:
+    """How one cell of a column of `kind` reads."""
+    simple: dict[str, Formatter] = {
+        "duration": units.duration,
+        "seconds": units.seconds,
+        "size": units.size,
+        "rate": lambda v: "" if units.missing(v) else units.size(v) + "/s",
+        "percent": units.percent,
+        "energy": lambda v: units.number(v, "J"),
+        "power": lambda v: units.number(v, "W"),
+        "clock": lambda v: units.number(v, "MHz"),
+        "count": units.count,
+        "number": lambda v: "" if units.missing(v) else units.significant(float(v), 4),
+    }
+    if kind == "instant":
+        return _instant(origin_ns)
+    return simple.get(kind, _plain)
+
+
+def formatters(frame: pd.DataFrame, origin_ns: int | None = None) -> dict[str, Formatter]:
+    """Each column's cell formatter (for pandas' Styler.format, keyed by the answer's column names)."""
+    return {str(c): formatter(column_kind(str(c), frame[c]), origin_ns) for c in frame.columns}
+
+
+def headers(frame: pd.DataFrame) -> dict[str, str]:
+    """Each column's header for people; distinct, as the answer's names are."""
+    texts = {str(c): header(str(c), column_kind(str(c), frame[c])) for c in frame.columns}
+    clashing = {text for text in texts.values() if list(texts.values()).count(text) > 1}
+    return {column: column if text in clashing else text for column, text in texts.items()}
+
+
+def _metric_cells(frame: pd.DataFrame, column: str) -> list[str]:
+    return [units.metric_value(str(m), v) for m, v in zip(frame["metric"], frame[column], strict=True)]
+
+
+def readable(
+    frame: pd.DataFrame,
+    *,
+    origin_ns: int | None = None,
+    name_width: int | None = DEFAULT_WIDTH,
+    hide: tuple[str, ...] = OPAQUE_IDS,
+) -> pd.DataFrame:
+    """The answer as text for people: human units, unique short names (`name_width` None: whole),
+    times from `origin_ns` where given (else absolute), internal ids left out."""
+    shown = frame.drop(columns=[c for c in hide if c in frame.columns])
+    cells: dict[str, list[str]] = {}
+    for column, show in formatters(shown, origin_ns).items():
+        if "metric" in shown.columns and column in METRIC_VALUES:
+            cells[column] = _metric_cells(shown, column)
+        elif column in NAME_COLUMNS and name_width is not None:
+            labels = unique_short_names([str(v) for v in shown[column] if isinstance(v, str)], name_width)
+            cells[column] = [labels.get(v, _plain(v)) if isinstance(v, str) else _plain(v) for v in shown[column]]
+        else:
+            cells[column] = [show(v) for v in shown[column]]
+    names = headers(shown)
+    return pd.DataFrame({names[c]: cells[c] for c in cells}, index=shown.index)
