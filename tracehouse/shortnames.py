@@ -6,8 +6,8 @@ parameter list elided as `(…)` and each template argument cut to its own head:
 becomes `clover::par_ranged2d_kernel<PdV_kernel(…)::[…]>(…)`. Where several names read the same, only the bracketed
 parts in which they differ are opened, one level at a time. What is still too wide loses its namespace qualifiers
 (unless they are what tells it apart), then is cut after its head, keeping the stretch where it differs from the
-others; a numbered suffix settles whatever is left. Names that fit stay as they are. Pure, and bounded in time on
-untrusted names of any size.
+others; a numbered suffix settles whatever is left. Other names (NVTX ranges, CUDA API calls) that fit stay as
+they are. Pure, and bounded in time on untrusted names of any size.
 """
 
 from __future__ import annotations
@@ -154,8 +154,6 @@ def _windows(texts: dict[str, str], width: int) -> dict[str, str]:
 
 def short_name(name: str, width: int = DEFAULT_WIDTH) -> str:
     """One name's short form, at most `width` characters."""
-    if len(name) <= width:
-        return name
     parsed = _parse(name)
     shown = _render(parsed, _opened_at_first(parsed))[0]
     return _prefix(_compact(shown, width) if shown != name else shown, width)
@@ -195,7 +193,7 @@ def unique_short_names(names: Iterable[str], width: int = DEFAULT_WIDTH) -> dict
     for the same set of names in any order, so that a chart and its table agree."""
     width = max(width, MIN_WIDTH)
     distinct = sorted(set(names))
-    raw = {n: n for n in distinct} | _distinct_renderings([n for n in distinct if len(n) > width])
+    raw = _distinct_renderings(distinct)  # C++ signatures read alike, long or not: `relu_kernel<float>(…)`
     compact = {n: _compact(r, width) if r != n else r for n, r in raw.items()}
     labels = _windows(compact, width)
     for group in _clashes(labels):

@@ -65,7 +65,7 @@ def table(
     rows = min(fitting_rows(frame), top or len(frame))
     if len(frame) > rows:
         st.caption(f"The first {rows:,} of {len(frame):,} {what} are shown; the CSV holds them all.")
-    st.dataframe(styled(frame.head(rows), origin_ns), hide_index=True, width="stretch")
+    st.dataframe(styled(frame.head(rows), origin_ns), hide_index=True, width="stretch", placeholder="")
     st.download_button(
         "Download CSV", frame.to_csv(index=False), file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}"
     )

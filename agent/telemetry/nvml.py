@@ -85,7 +85,7 @@ class NvmlBackend:
             pynvml.nvmlInit()
         except pynvml.NVMLError as error:
             if error.value in NO_DRIVER:
-                raise BackendUnavailable(f"NVML is not available on this host ({error}): no NVIDIA driver?") from None
+                raise BackendUnavailable(f"NVML is not available on this host ({error}; no NVIDIA driver?)") from None
             raise BackendUnavailable(f"NVML failed to start: {error}") from None
         self.driver = _text(pynvml.nvmlSystemGetDriverVersion())
         self._gpus: dict[int, _Gpu] = {}

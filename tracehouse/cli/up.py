@@ -149,7 +149,7 @@ class Up:
             backend = open_backend(None)
             what = "NVML"
         except BackendUnavailable as error:
-            print(f"tracehouse: {error}; sampling 2 simulated GPUs instead", file=sys.stderr)
+            print(f"tracehouse: {error}: sampling 2 simulated GPUs instead", file=sys.stderr)
             backend = open_backend(2)
             what = "2 simulated GPUs"
         started = time.time_ns()

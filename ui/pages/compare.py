@@ -49,13 +49,13 @@ if run_a == run_b:
 runs = ask("compare", (run_a, run_b))
 st.success(plain(compare_headline(runs, ask("diff", run_a, run_b)), 2000))
 st.caption(f"A: {plain(labels.get(run_a, run_a))} · B: {plain(labels.get(run_b, run_b))}")
-st.dataframe(key_figures(runs), hide_index=True)
+st.dataframe(key_figures(runs), hide_index=True, placeholder="")
 summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
 changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
 main = [c for c in CHANGE_COLUMNS if c in changes.columns]
 table(changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A")
 with st.expander("Every figure of both runs"):
-    st.dataframe(styled(runs), hide_index=True, width="stretch")
+    st.dataframe(styled(runs), hide_index=True, width="stretch", placeholder="")
 if not changes.empty:
     with st.expander("Every column of the changes (instances, averages)"):
-        st.dataframe(styled(changes), hide_index=True, width="stretch")
+        st.dataframe(styled(changes), hide_index=True, width="stretch", placeholder="")

@@ -34,20 +34,20 @@ unknown = tuple(run for run, count in gpus.items() if count is None)[:MAX_COMPAR
 if unknown:
     compared = ask("compare", unknown)
     gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
-table = pd.DataFrame(
+table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     {
         "name": found["name"],
-        "run": found["run_id"],
-        "host": found["host"],
-        "source": found["source"],
         "start": found["start"],
         "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
         "gpus": pd.array([gpus.get(run) for run in found["run_id"]], dtype="Int64"),
+        "host": found["host"],
+        "source": found["source"],
         "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
+        "run": found["run_id"],
     }
 )
 st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
-st.dataframe(styled(table), hide_index=True, width="stretch")
+st.dataframe(styled(table), hide_index=True, width="stretch", placeholder="")
 labels = run_label(found)
 selected = st.multiselect(
     "Select one run for its timeline, or two to compare",
@@ -64,4 +64,4 @@ if compare.button("Compare", disabled=len(selected) != 2):
     st.switch_page("pages/compare.py", query_params={"a": selected[0], "b": selected[1]})
 if not devices.empty:
     with st.expander(f"GPUs ({len(devices)})"):
-        st.dataframe(devices.drop(columns=["attrs"]), hide_index=True, width="stretch")
+        st.dataframe(styled(devices.drop(columns=["attrs"])), hide_index=True, width="stretch", placeholder="")

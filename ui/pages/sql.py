@@ -21,7 +21,7 @@ with schema:
     columns = ask("sql", SCHEMA)
     for name, part in columns.groupby("table", sort=True):
         with st.expander(str(name)):
-            st.dataframe(part.drop(columns=["table"]), hide_index=True, width="stretch")
+            st.dataframe(part.drop(columns=["table"]), hide_index=True, width="stretch", placeholder="")
 with query:
     text = st.text_area("Read-only SQL (one SELECT or WITH query)", EXAMPLE, height=160, key="sql-text")
     limit = st.number_input("At most rows", min_value=1, max_value=1_000_000, value=10_000, step=1000)
