@@ -97,7 +97,7 @@ def test_answers_read_for_people_and_stay_exact_for_programs() -> None:
                      "id": "text"}  # fmt: skip
     shown = readable(answer)
     assert list(shown.columns) == ["name", "instances", "total", "time %", "span start", "GPU mem peak", "start"]
-    assert shown.iloc[0].tolist() == ["void k<int>(int)", "1,312", "27 ms", "26.1 %", "2026-12-01 16:52:41.128 UTC",
+    assert shown.iloc[0].tolist() == ["k<int>(…)", "1,312", "27 ms", "26.1 %", "2026-12-01 16:52:41.128 UTC",
                                       "67.1 GiB", "2026-12-01 16:52:41.128 UTC"]  # fmt: skip
     assert shown.iloc[1].tolist()[3:] == ["", "2026-12-01 16:52:41.128 UTC", "", ""]
     text = shown.to_string()
@@ -111,3 +111,8 @@ def test_headers_stay_distinct() -> None:
     answer = pd.DataFrame({"total_ns": [1], "total": [2], "total_bytes": [3]})
     names = headers(answer)
     assert len(set(names.values())) == 3
+
+
+def test_a_host_events_missing_gpu_and_stream_read_blank() -> None:
+    events = pd.DataFrame({"gpu": [-1, 0], "stream": [-1, 7], "pid": [4242, 4242]})
+    assert readable(events).to_dict(orient="list") == {"GPU": ["", "0"], "stream": ["", "7"], "pid": ["4242", "4242"]}

@@ -29,7 +29,8 @@ UNIT_TOKENS = {"ns", "bytes", "s", "j", "w", "mhz", "c"}
 
 
 def column_kind(name: str, values: pd.Series | None = None) -> str:
-    """One of instant, duration, seconds, size, rate, percent, energy, power, clock, count, text, number."""
+    """One of instant, duration, seconds, size, rate, percent, energy, power, clock, count, index (a GPU or
+    stream: -1 is none), text, number."""
     if values is not None and pd.api.types.is_datetime64_any_dtype(values.dtype):
         return "instant"
     tokens = name.lower().split("_")
@@ -52,6 +53,8 @@ def column_kind(name: str, values: pd.Series | None = None) -> str:
         return "clock"
     if name in COUNTS:
         return "count"
+    if name in ("gpu", "stream"):
+        return "index"
     if values is not None and pd.api.types.is_float_dtype(values.dtype):
         return "number"
     return "text"
@@ -101,6 +104,7 @@ def formatter(kind: str, origin_ns: int | None = None) -> Formatter:
         "power": lambda v: units.number(v, "W"),
         "clock": lambda v: units.number(v, "MHz"),
         "count": units.count,
+        "index": lambda v: "" if units.missing(v) or int(v) < 0 else str(int(v)),  # -1: none (a host event)
         "number": lambda v: "" if units.missing(v) else units.significant(float(v), 4),
     }
     if kind == "instant":
