@@ -65,3 +65,15 @@ def test_bench_train_measures_calls_with_the_server_up_and_away() -> None:
     assert down["spooled_batches"] > 0 and down["dropped_records"] == 0
     assert all(side[name] > 0 for side in (up, down) for name in ("step_ns", "phase_ns", "scalar_ns"))
     assert result["goal"]["met"] == (max(up["step_ns"], down["step_ns"]) < result["goal"]["step_ns"])
+
+
+def test_bench_export_writes_every_event_of_the_run() -> None:
+    from tracehouse.bench.export import bench_export
+
+    result = bench_export(steps=10)
+    assert result["data"]["events"] == result["perfetto_events"] > 400
+    assert result["complete"] is True
+    for written in result["formats"].values():
+        assert written["bytes"] > 0 and written["bytes_per_event"] == round(
+            written["bytes"] / result["data"]["events"], 1
+        )

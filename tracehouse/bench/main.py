@@ -55,6 +55,12 @@ def _main(args: argparse.Namespace) -> int:
         result = bench_load(args.agents, args.gpus, args.interval, args.seconds, args.max_pending_bytes)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
+    if args.what == "export":
+        from tracehouse.bench.export import bench_export
+
+        result = bench_export(args.steps)
+        print(json.dumps(result, indent=2))
+        return 0 if result["complete"] else 1
     if args.what == "train":
         from tracehouse.bench.train import bench_train
 

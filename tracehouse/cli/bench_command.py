@@ -39,6 +39,8 @@ def _add_bench(commands: Any) -> None:
     storage.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs (default %(default)s)")
     storage.add_argument("--minutes", type=_seconds, default=60.0, help="of telemetry at 10 Hz (default %(default)s)")
     storage.add_argument("--steps", type=_positive, default=10_000, help="training steps of the synthetic trace")
+    export = sub.add_parser("export", help="writing a run as a Perfetto trace and Chrome JSON vs fetching it")
+    export.add_argument("--steps", type=_positive, default=2_000, help="of the synthetic trace (default %(default)s)")
     train = sub.add_parser("train", help="ns per step()/phase()/scalar() call of the training API, server up and down")
     train.add_argument(
         "--calls", type=_positive, default=100_000, help="calls per round, at most 262144 (default %(default)s)"
