@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,16 +317,20 @@ def _add_busy_cells(
     )
 
 
-def bars(frame: pd.DataFrame, label: str, value: str, title: str, top: int = 20) -> go.Figure:
+def bars(
+    frame: pd.DataFrame, label: str, value: str, title: str, top: int = 20, labels: Mapping[str, str] | None = None
+) -> go.Figure:
     """The `top` rows by |value|, largest on top; rows without a value are left out. A bar per
-    full name, labelled with a short form unique in the chart; the full name and the value in
-    human units on hover; the value axis in one unit, named in `title` ("total time (ms)")."""
+    full name, labelled with a short form unique in the chart (or the table's, from `labels`); the
+    full name and the value in human units on hover; the value axis in one unit, named in `title`
+    ("total time (ms)")."""
     frame = frame[frame[value].notna()]
     if frame.empty:
         return go.Figure()
     shown = frame.reindex(frame[value].abs().sort_values(ascending=False).index).head(top)
     names = distinct(shown[label].astype(str).tolist())
-    short = unique_short_names(names, BAR_LABEL_WIDTH)
+    own = unique_short_names(names, BAR_LABEL_WIDTH)
+    short = {name: (labels or {}).get(name, own[name]) for name in names}
     kind = column_kind(value, shown[value])
     scale, unit = units.axis_scale(AXIS_UNITS.get(kind, ""), float(shown[value].abs().max()))
     read = formatter(kind)

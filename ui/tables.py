@@ -12,7 +12,10 @@ from pandas.io.formats.style import Styler
 
 from tracehouse import units
 from tracehouse.readable import METRIC_VALUES, OPAQUE_IDS, formatters, headers
+from tracehouse.shortnames import unique_short_names
 from ui import figures
+
+SHORT = "short name"  # as the chart labels it; the full name stays in its own column
 
 
 def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
@@ -60,12 +63,19 @@ def table(
     if frame.empty:
         st.info(f"No {what} in this window.")
         return
+    shown = frame
     if label and value:
-        st.plotly_chart(figures.bars(frame, label, value, title or value), key=f"chart-{name}", width="stretch")
-    rows = min(fitting_rows(frame), top or len(frame))
-    if len(frame) > rows:
-        st.caption(f"The first {rows:,} of {len(frame):,} {what} are shown; the CSV holds them all.")
-    st.dataframe(styled(frame.head(rows), origin_ns), hide_index=True, width="stretch", placeholder="")
+        names = frame[label].astype(str)
+        labels = unique_short_names(names.unique(), figures.BAR_LABEL_WIDTH)
+        chart = figures.bars(frame, label, value, title or value, labels=labels)
+        st.plotly_chart(chart, key=f"chart-{name}", width="stretch")
+        if any(labels[n] != n for n in labels):  # rows read apart by the bars' labels; the full name last
+            rest = [c for c in frame.columns if c != label]
+            shown = frame.assign(**{SHORT: names.map(labels)})[[SHORT, *rest, label]]
+    rows = min(fitting_rows(shown), top or len(shown))
+    if len(shown) > rows:
+        st.caption(f"The first {rows:,} of {len(shown):,} {what} are shown; the CSV holds them all.")
+    st.dataframe(styled(shown.head(rows), origin_ns), hide_index=True, width="stretch", placeholder="")
     st.download_button(
         "Download CSV", frame.to_csv(index=False), file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}"
     )
