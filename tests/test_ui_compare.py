@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import streamlit as st
-from streamlit.testing.v1 import AppTest
 
 from query.client import Client
 from query.headline import compare_headline, key_figures
 from tests.helpers import MS, T0, S, request
+from tests.test_ui import open_app
 from tracehouse.batch import BatchBuilder
-from tracehouse.config import ENV_SERVER
 from tracehouse.metrics import GPU_UTIL
 from tracehouse.v1 import ingest_pb2_grpc
 from ui.data import plain
@@ -60,22 +59,10 @@ def scene(ingest: ingest_pb2_grpc.IngestStub) -> list[str]:
     return ["agent-ui", "early", "late", "user-ui"]
 
 
-def open_page(server: str, monkeypatch: pytest.MonkeyPatch, page: str, **params: str) -> AppTest:
-    monkeypatch.setenv(ENV_SERVER, server)
-    app = AppTest.from_file(APP, default_timeout=60)
-    app.run()
-    if page:
-        app.switch_page(f"pages/{page}.py")
-        app.query_params.update(params)
-        app.run()
-    assert not app.exception, [e.value for e in app.exception]
-    return app
-
-
 def test_compare_opens_with_the_answer_and_the_key_figures(
     address: str, client: Client, scene: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = open_page(address, monkeypatch, "compare", a="early", b="late")
+    app = open_app(address, monkeypatch, "compare", a="early", b="late")
     runs, changes = client.compare(["early", "late"]), client.diff("early", "late")
     headline = compare_headline(runs, changes)
     assert headline == "run late is 20.0 % faster than run early (10 s → 8 s). Biggest change: gemm -500 ms (-55.6 %)."
@@ -93,7 +80,7 @@ def test_compare_opens_with_the_answer_and_the_key_figures(
 def test_runs_page_counts_gpus_as_compare_does(
     address: str, client: Client, scene: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = open_page(address, monkeypatch, "")
+    app = open_app(address, monkeypatch, "")
     listed = app.dataframe[0].value.set_index("run")["gpus"].to_dict()
     compared = client.compare(scene).set_index("run_id")["gpus"].to_dict()
     assert listed == compared == {"agent-ui": 2, "early": 1, "late": 1, "user-ui": 2}
