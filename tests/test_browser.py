@@ -238,6 +238,11 @@ def test_the_demo_reads_in_human_units_on_every_page(explorer: Explorer, page: A
     box = headline.bounding_box()
     assert box is not None and box["y"] + box["height"] <= HEIGHT, "the answer is in the first screen"
     assert_readable(painted(page), "compare tables")
+    overflow = page.evaluate(
+        "[...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
+        ".filter(e => e.offsetParent !== null).map(e => e.scrollWidth - e.clientWidth)"
+    )
+    assert overflow and max(overflow) <= 1, f"Compare's tables fit 1280 px without scrolling sideways: {overflow}"
 
     visit(page, f"{explorer.url}/sql", "sql", tables=1, charts=1)
     cells = painted(page)
@@ -265,6 +270,16 @@ def test_cloverleaf_kernels_chart_agrees_with_its_table(explorer: Explorer, page
     assert "19.4 ms" in cells
     sorted_by_total = sort_by(page, "total")
     assert sorted_by_total == sorted(sorted_by_total), "sorted by the value, not by the text shown"
+
+    page.get_by_role("tab", name="GPU time").click()  # spans and gaps: epoch ns past 2**53 underneath
+    for grid in page.locator("[data-testid='stDataFrame']").all():
+        if grid.is_visible():
+            grid.scroll_into_view_if_needed()
+            page.wait_for_timeout(800)
+    cells = painted(page)
+    assert_readable(cells, "cloverleaf GPU time tables")
+    assert any(re.fullmatch(r"\+\d+\.\d{3} ms", cell) for cell in cells), "gaps start at offsets from the window"
+    screenshot(page, "cloverleaf-gpu-time")
 
     visit(page, f"{explorer.url}/timeline?run={explorer.cloverleaf}&metrics=none", "cloverleaf-timeline", charts=1)
     assert_readable(chart_texts(page)["ticks"], "cloverleaf timeline ticks")

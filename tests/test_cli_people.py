@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -89,7 +90,7 @@ def test_a_closed_pipe_ends_quietly(address: str, cloverleaf: str) -> None:
         child.stdout.close()
         err = child.stderr.read().decode()
         child.wait(timeout=60)
-    assert err == "" and child.returncode == 1
+    assert err == "" and child.returncode == 128 + signal.SIGPIPE  # as a shell reports a command SIGPIPE ended
 
 
 @pytest.fixture
@@ -233,3 +234,13 @@ def test_the_nvml_refusal_gives_the_reason_and_each_command_its_own_way_out(
         pytest.skip("NVML works here")
     code, _, err = run(capsys, "agent", "--server", "127.0.0.1:1", "--spool", str(tmp_path), "--duration", "1")
     assert code == 1 and "--simulate N" in err
+
+
+def test_sql_answers_of_any_type_print_as_json(capsys: pytest.CaptureFixture[str], address: str) -> None:
+    sql = ("SELECT toDecimal64(1.5, 3) AS fraction, toDecimal64(2, 3) AS whole, "
+           "toUUID('61f0c404-5cb3-11e7-907b-a6006ad3dba0') AS id, toDate('2026-12-01') AS day")  # fmt: skip
+    code, out, err = run(capsys, "query", "sql", sql, "--format", "json", "--server", address)
+    assert code == 0, err
+    assert json.loads(out) == [
+        {"fraction": "1.500", "whole": 2, "id": "61f0c404-5cb3-11e7-907b-a6006ad3dba0", "day": "2026-12-01"}
+    ]

@@ -462,3 +462,19 @@ def test_agent_watch_imports_exports_once_they_stop_growing(
     again.shipper.shutdown(1)
     imported = [m for m in (r.getMessage() for r in caplog.records) if m.startswith("imported run1.sqlite")]
     assert len(imported) == 1, "remembered: a restarted agent does not import it again"
+
+
+def test_ranges_without_gpu_work_have_no_projected_gpu_time(writer: BatchWriter, client: Client) -> None:
+    """saxpy's MPI ranges launch nothing: their GPU time is empty (not a capped 2**63 - 1), and they
+    sort after the range that has work."""
+    path = NSYS / "nsys-2022.2-pipit-saxpy-mpi-cuda.sqlite"
+    if not path.exists():
+        pytest.skip(f"no {path}")
+    run = import_export(path, writer).run_id
+    summary = client.nvtx_gpu(run=run)["summary"]
+    idle = summary[summary["with_gpu_work"] == 0]
+    busy = summary[summary["with_gpu_work"] > 0]
+    assert len(idle) and len(busy), summary[["name", "with_gpu_work"]]
+    assert idle["gpu_total_ns"].isna().all() and idle["gpu_stddev_ns"].isna().all()
+    assert (busy["gpu_total_ns"] > 0).all() and busy["gpu_total_ns"].max() < 2**62
+    assert list(summary.index[: len(busy)]) == list(busy.index), "the ranges with GPU work come first"

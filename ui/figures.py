@@ -32,6 +32,7 @@ RANGE_PALETTE = ("#d4c4ec", "#b9e2dc", "#f4c7dc", "#c9d6f2", "#e3d3f5", "#bfe6c9
 RANGE_KINDS = ("nvtx", "phase", "step")
 RANGE_LINE = "#6b5b95"
 BUSY_TITLE = "share of bucket busy, %"
+LESS, MORE = "#59a14f", "#e15759"  # a change for the better, for the worse
 BAR_LABEL_WIDTH = 60  # characters of a bar's label; the full name is on hover and in the table
 HOVER_LINE = 100
 SQL_LABEL_WIDTH = 24
@@ -340,7 +341,7 @@ def bars(
             x=shown[value] / scale,
             y=keys,
             orientation="h",
-            marker={"color": [PALETTE[0] if v >= 0 else PALETTE[2] for v in shown[value]]},
+            marker={"color": _bar_colors(shown[value])},
             customdata=np.stack([[wrapped(name) for name in names], [read(v) for v in shown[value]]], axis=-1),
             hovertemplate="%{customdata[0]}<br><b>%{customdata[1]}</b><extra></extra>",
         )
@@ -353,6 +354,14 @@ def bars(
         margin={"l": 10, "r": 10, "t": 20, "b": 40},
     )  # fmt: skip
     return figure
+
+
+def _bar_colors(values: pd.Series) -> list[str] | str:
+    """One colour for sizes; for changes (some below 0), less time green and more red."""
+    signs = values.astype(float).fillna(0.0).tolist()
+    if min(signs, default=0.0) >= 0:
+        return PALETTE[0]
+    return [LESS if v < 0 else MORE for v in signs]
 
 
 def distinct(names: list[str]) -> list[str]:

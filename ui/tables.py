@@ -11,7 +11,7 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 
 from tracehouse import units
-from tracehouse.readable import METRIC_VALUES, OPAQUE_IDS, formatters, headers
+from tracehouse.readable import METRIC_VALUES, OPAQUE_IDS, column_kind, formatters, headers
 from tracehouse.shortnames import unique_short_names
 from ui import figures
 
@@ -25,6 +25,8 @@ def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
     shown = frame.drop(columns=[c for c in OPAQUE_IDS if c in frame.columns]).reset_index(drop=True)
     shown.columns = [str(c) for c in shown.columns]
     cells = formatters(shown, origin_ns)
+    for column in shown.columns:
+        shown[column], cells[column] = _exact_below_2_53(shown[column], cells[column], origin_ns)
     names = headers(shown)
     shown = shown.rename(columns=names)
     styler = shown.style.format({names[c]: show for c, show in cells.items()})
@@ -34,6 +36,24 @@ def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
             rows = shown.index[shown[names["metric"]] == metric]
             styler = styler.format(reading(str(metric)), subset=(rows, values))
     return styler
+
+
+def _exact_below_2_53(
+    values: pd.Series, show: Callable[[Any], str], origin_ns: int | None
+) -> tuple[pd.Series, Callable[[Any], str]]:
+    """Streamlit's grid draws integers past 2**53 raw (with a warning), whatever the Styler says:
+    instants in ns become offsets from `origin_ns` (exact and sortable) or timestamps, and other
+    such integers text."""
+    if not pd.api.types.is_integer_dtype(values.dtype):
+        return values, show
+    largest = values.dropna().abs().max()
+    if pd.isna(largest) or largest < 2**53:
+        return values, show
+    if column_kind(str(values.name), values) == "instant":
+        if origin_ns is not None:
+            return values.astype("Int64") - origin_ns, units.offset
+        return pd.to_datetime(values.astype("Int64"), unit="ns", utc=True), show
+    return values.map(lambda v: "" if pd.isna(v) else str(v)), show
 
 
 def reading(metric: str) -> Callable[[Any], str]:
@@ -56,10 +76,12 @@ def table(
     *,
     origin_ns: int | None = None,
     top: int | None = None,
+    full_names: bool = True,
 ) -> None:
     """A sortable table of `what` (said when there is none); with `label` and `value`, a bar
     chart of the largest values first. Instants read from `origin_ns` when given (say it once
-    above, with `origin_caption`). The table shows the first `top` rows, the CSV all."""
+    above, with `origin_caption`). The table shows the first `top` rows, the CSV all; with
+    `full_names` False, long names only in their short form (the CSV and the hover have them whole)."""
     if frame.empty:
         st.info(f"No {what} in this window.")
         return
@@ -71,7 +93,7 @@ def table(
         st.plotly_chart(chart, key=f"chart-{name}", width="stretch")
         if any(labels[n] != n for n in labels):  # rows read apart by the bars' labels; the full name last
             rest = [c for c in frame.columns if c != label]
-            shown = frame.assign(**{SHORT: names.map(labels)})[[SHORT, *rest, label]]
+            shown = frame.assign(**{SHORT: names.map(labels)})[[SHORT, *rest, *([label] if full_names else [])]]
     rows = min(fitting_rows(shown), top or len(shown))
     if len(shown) > rows:
         st.caption(f"The first {rows:,} of {len(shown):,} {what} are shown; the CSV holds them all.")

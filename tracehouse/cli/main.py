@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from tracehouse.cli.agent_commands import (
 )
 from tracehouse.cli.bench_command import _add_bench
 from tracehouse.cli.export_command import _add_export, run_export
-from tracehouse.cli.options import EXIT_UNAVAILABLE, with_time_values
+from tracehouse.cli.options import with_time_values
 from tracehouse.cli.query_command import _add_query, run_query
 from tracehouse.cli.run_command import _add_run, run_run
 from tracehouse.cli.server_commands import _add_schema, _add_serve, run_schema, run_serve, run_ui
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     typed = with_time_values(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(typed)
@@ -55,10 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = _dispatch(args)
         sys.stdout.flush()
         return status
-    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as Python's docs advise
-        with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor (captured)
+    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as Python's docs advise,
+        with contextlib.suppress(OSError, ValueError):  # with the status of a command that SIGPIPE ended
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_UNAVAILABLE
+        return EXIT_CLOSED_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from datetime import date, time
+from decimal import Decimal
 from typing import Any, TextIO
+from uuid import UUID
 
 import numpy as np
 import pandas as pd
@@ -55,6 +58,10 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, Decimal):  # exact: an integer as a number, a fraction as its decimal text
+        return int(value) if value == value.to_integral_value() else str(value)
+    if isinstance(value, UUID | date | time):
+        return str(value)
     if value is pd.NA or value is pd.NaT:
         return None
     if isinstance(value, float) and np.isnan(value):

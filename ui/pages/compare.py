@@ -53,7 +53,11 @@ st.dataframe(key_figures(runs), hide_index=True, placeholder="")
 summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
 changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
 main = [c for c in CHANGE_COLUMNS if c in changes.columns]
-table(changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A")
+st.caption("Δ total time, B - A: green is less time in B, red more.")
+table(
+    changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A",
+    full_names=False,
+)  # fmt: skip
 with st.expander("Every figure of both runs"):
     st.dataframe(styled(runs), hide_index=True, width="stretch", placeholder="")
 if not changes.empty:
