@@ -14,9 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import pandas as pd
+
 from tracehouse.model import DEFAULT_LIMITS
 
 MAX_INDEX = DEFAULT_LIMITS.max_gpu_index
+MAX_COMPARED = 100  # runs that recorded no GPUs: compare finds theirs, for this many at most
+
+
+def recorded_counts(runs: pd.DataFrame, devices: pd.DataFrame) -> dict[str, int | None]:
+    """Each run's recorded GPU count (`runs` and `devices` as the Query client answers them); None
+    where it recorded none, for compare to find (its `gpus` column), as every page does."""
+    registered = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].agg(list).to_dict() if len(devices) else {}
+    return {
+        str(run): recorded_count(source, attrs, registered.get(run, []))
+        for run, source, attrs in zip(runs["run_id"], runs["source"], runs["attrs"], strict=True)
+    }
+
+
+def unknown_counts(counts: Mapping[str, int | None]) -> tuple[str, ...]:
+    """The runs whose count compare has to find, at most MAX_COMPARED."""
+    return tuple(run for run, count in counts.items() if count is None)[:MAX_COMPARED]
 
 
 def listed_gpus(source: str, attrs: Mapping[str, str]) -> tuple[int, ...]:

@@ -210,7 +210,7 @@ def test_diff_takes_two_runs_as_compare_does_and_answers_first(
 
 
 def test_runs_table_says_how_long_and_on_how_many_gpus(
-    capsys: pytest.CaptureFixture[str], address: str, named: None
+    capsys: pytest.CaptureFixture[str], address: str, named: None, client: Client
 ) -> None:
     code, out, _ = run(capsys, "query", "runs", "--server", address)
     assert code == 0
@@ -218,6 +218,10 @@ def test_runs_table_says_how_long_and_on_how_many_gpus(
     header = out.splitlines()[0]
     assert "duration" in header and "gpus" in header and "attrs" not in header
     assert out.count("2 s") == 4
+    # these runs recorded no GPUs: the table counts them as compare (and the Runs page) does
+    compared = client.compare(["run-a", "run-b", "run-c", "run-d"]).set_index("run_id")["gpus"]
+    for line in out.splitlines()[1:]:
+        assert re.search(rf"\b2 s\s+{compared[line.split()[0]]}\b", line), line
 
 
 def test_the_nvml_refusal_gives_the_reason_and_each_command_its_own_way_out(

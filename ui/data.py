@@ -19,6 +19,8 @@ from tracehouse.security import SecurityError
 ANSWER_TTL_S = 10
 ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs tracehouse (`up` and `ui` set it), for hints
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+           grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
 
 
 MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$])")
@@ -61,6 +63,8 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
                 f"Start everything with `{run} up`, or the server alone with `{run} serve`; "
                 f"to use another server, run `{run} ui --server HOST:PORT`."
             )
+        elif failure.code in REFUSED:
+            st.error(f"Refused: {plain(failure.message, 2000)}")
         else:
             st.error(f"The server could not answer: {plain(failure.message, 2000)}")
         st.stop()

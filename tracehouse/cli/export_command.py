@@ -37,8 +37,11 @@ def _add_export(commands: Any) -> None:
     _add_server_option(export)
     _add_client_security(export)
     group = export.add_argument_group("window")
-    group.add_argument("--run", default="", help="a run id: its events and its host's telemetry during it")
-    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, or now-15m")
+    group.add_argument(
+        "--run", default="", help="a run id, or a run's name where one run has it: its events and its host's "
+        "telemetry during it",
+    )  # fmt: skip
+    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, now-15m or -15m")
     group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
     group.add_argument("--host", default=None, help="only this host")
     export.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracehouse.cli.options import (
@@ -188,7 +188,13 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     if args.what == "runs":
         frame = client.runs(args.host, args.source or "", args.name, args.limit, dict(args.tag))
         if table:
-            frame = runs_for_people(frame, client.devices())
+            from query.rungpus import recorded_counts, unknown_counts
+
+            gpus = recorded_counts(frame, client.devices())
+            if unknown := unknown_counts(gpus):  # as the Runs page and compare count them
+                compared = client.compare(unknown)
+                gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
+            frame = runs_for_people(frame, gpus)
     elif args.what == "devices":
         frame = client.devices(args.host)
     elif args.what == "metrics":
@@ -298,21 +304,14 @@ def pasteable(message: str, typed: Sequence[str]) -> str:
     return f"{head} {command_name()} query {tail}" + (f" {shlex.join(flags)}" if flags else "")
 
 
-def runs_for_people(runs: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
+def runs_for_people(runs: pd.DataFrame, gpus: Mapping[str, int | None]) -> pd.DataFrame:
     """Runs as a table reads them: how long each took and on how many GPUs (query.rungpus's one
     definition), in place of its end."""
     import pandas as pd
 
-    from query.rungpus import recorded_count
-
-    registered = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].agg(list).to_dict() if len(devices) else {}
     took = [None if pd.isna(end) else int((end - start).value) for start, end in zip(runs["start"], runs["end"],
                                                                                       strict=True)]  # fmt: skip
-    gpus = [
-        recorded_count(source, attrs, registered.get(run, []))
-        for run, source, attrs in zip(runs["run_id"], runs["source"], runs["attrs"], strict=True)
-    ]
     shown = runs.drop(columns=["end", "relative_time"])
     shown.insert(5, "duration_ns", pd.Series(took, index=runs.index, dtype="Int64"))
-    shown.insert(6, "gpus", pd.Series(gpus, index=runs.index, dtype="Int64"))
+    shown.insert(6, "gpus", pd.Series([gpus.get(run) for run in runs["run_id"]], index=runs.index, dtype="Int64"))
     return shown

@@ -5,14 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from query.rungpus import recorded_count
+from query.rungpus import recorded_counts, unknown_counts
 from tracehouse.model import RUN_SOURCES
 from ui.controls import SESSION_VIEW, run_label
 from ui.data import ask, stop_if_empty
 from ui.tables import styled
 from ui.view import View
-
-MAX_COMPARED = 100  # runs that recorded no GPUs: compare finds theirs, for this many at most
 
 st.title("Runs")
 stop_if_empty()
@@ -24,13 +22,9 @@ chosen_host = host.selectbox("Host", ["", *hosts], format_func=lambda h: h or "(
 chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambda s: s or "(all)")
 found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
 devices = ask("devices")
-registered = devices[devices["run_id"] != ""].groupby("run_id")["gpu"].apply(list).to_dict()
 # a run's GPUs as compare counts them (query/rungpus.py): what it recorded, else what compare finds
-gpus: dict[str, int | None] = {
-    run: recorded_count(kind, attrs, registered.get(run, []))
-    for run, kind, attrs in zip(found["run_id"], found["source"], found["attrs"], strict=True)
-}
-unknown = tuple(run for run, count in gpus.items() if count is None)[:MAX_COMPARED]
+gpus = recorded_counts(found, devices)
+unknown = unknown_counts(gpus)
 if unknown:
     compared = ask("compare", unknown)
     gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
