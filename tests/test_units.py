@@ -116,3 +116,10 @@ def test_headers_stay_distinct() -> None:
 def test_a_host_events_missing_gpu_and_stream_read_blank() -> None:
     events = pd.DataFrame({"gpu": [-1, 0], "stream": [-1, 7], "pid": [4242, 4242]})
     assert readable(events).to_dict(orient="list") == {"GPU": ["", "0"], "stream": ["", "7"], "pid": ["4242", "4242"]}
+
+
+def test_a_run_without_a_wall_clock_does_not_start_in_1970() -> None:
+    from tracehouse.readable import NO_WALL_CLOCK, run_starts
+
+    starts = pd.Series(pd.to_datetime([0, 1_796_143_961_128_907_556], utc=True))
+    assert run_starts(starts, pd.Series([True, False])) == [NO_WALL_CLOCK, "2026-12-01 16:52:41.128 UTC"]

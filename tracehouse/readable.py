@@ -19,7 +19,8 @@ Formatter = Callable[[Any], str]
 
 OPAQUE_IDS = ("id", "range_id")  # internal keys: for programs, not for people
 COUNTS = {"instances", "kernels", "events", "samples", "islands", "gpu_ops", "count", "calls", "rows",
-          "with_gpu_work", "points", "sm_count", "api_calls", "short", "syncs"}  # fmt: skip
+          "with_gpu_work", "points", "sm_count", "api_calls", "short", "syncs", "gaps", "gaps_after_sync",
+          "ranges", "values", "kernel_ops"}  # fmt: skip
 NAME_COLUMNS = ("name", "top_name", "kernel", "range", "phase")
 METRIC_VALUES = ("min", "avg", "max", "value", "mean", "p50", "p95", "p99")
 WORDS = {"avg": "avg", "med": "median", "min": "min", "max": "max", "stddev": "std dev", "pct": "%",
@@ -149,3 +150,11 @@ def readable(
             cells[column] = [show(v) for v in shown[column]]
     names = headers(shown)
     return pd.DataFrame({names[c]: cells[c] for c in cells}, index=shown.index)
+
+
+NO_WALL_CLOCK = "no wall clock"  # a trace whose times count from its own start (old nsys exports)
+
+
+def run_starts(starts: pd.Series, relative: pd.Series) -> list[str]:
+    """When runs started, as people read it: a run without a wall clock says so rather than 1970."""
+    return [NO_WALL_CLOCK if bool(rel) else _instant(None)(start) for start, rel in zip(starts, relative, strict=True)]

@@ -309,9 +309,12 @@ def runs_for_people(runs: pd.DataFrame, gpus: Mapping[str, int | None]) -> pd.Da
     definition), in place of its end."""
     import pandas as pd
 
+    from tracehouse.readable import run_starts
+
     took = [None if pd.isna(end) else int((end - start).value) for start, end in zip(runs["start"], runs["end"],
                                                                                       strict=True)]  # fmt: skip
     shown = runs.drop(columns=["end", "relative_time"])
+    shown["start"] = run_starts(runs["start"], runs["relative_time"])
     shown.insert(5, "duration_ns", pd.Series(took, index=runs.index, dtype="Int64"))
     shown.insert(6, "gpus", pd.Series([gpus.get(run) for run in runs["run_id"]], index=runs.index, dtype="Int64"))
     return shown

@@ -7,6 +7,7 @@ import streamlit as st
 
 from query.rungpus import recorded_counts, unknown_counts
 from tracehouse.model import RUN_SOURCES
+from tracehouse.readable import run_starts
 from ui.controls import SESSION_VIEW, run_label
 from ui.data import ask, stop_if_empty
 from ui.tables import styled
@@ -31,7 +32,7 @@ if unknown:
 table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     {
         "name": found["name"],
-        "start": found["start"],
+        "start": run_starts(found["start"], found["relative_time"]),
         "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
         "gpus": pd.array([gpus.get(run) for run in found["run_id"]], dtype="Int64"),
         "host": found["host"],
