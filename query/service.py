@@ -25,6 +25,7 @@ from query.window import (
     event_predicates,
     names,
     run_named,
+    runs_named_like,
     sample_predicates,
 )
 from tracehouse.model import EVENT_KINDS, Limits
@@ -108,12 +109,24 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise RunNotFound(f"run {window.run_id!r} is still being imported")
         return RunSpan(window.run_id, row["host"], row["start_ns"], row["end_ns"], bool(row["relative_time"]))
 
+    @staticmethod
+    def _nearby(name: str) -> dict[str, object]:
+        """Names within a few edits of `name` (a quarter of its length, at least 1, at most 3), three at most."""
+        return {"name": name[:256], "most": min(3, max(1, len(name) // 4)), "limit": 3}
+
     def _named(self, name: str, field: str) -> str:
         """The id of the one run called `name`; none or several: a refusal that says how to find or pick one."""
         runs = _rows(self.store.query(run_named(), {"name": name, "limit": NAMESAKES_SHOWN + 1}))
         if len(runs) == 1:
             return str(runs[0]["run_id"])
         if not runs:
+            near = [row["name"] for row in _rows(self.store.query(runs_named_like(), self._nearby(name)))]
+            if near:
+                meant = " or ".join(repr(other) for other in near)
+                raise RunNotFound(
+                    f"{field}: run {name[:200]!r} not found: no run has that id or name; did you mean {meant}? "
+                    f"To list them: tracehouse query runs --name {shlex.quote(near[0])}"
+                )
             raise RunNotFound(
                 f"{field}: run {name[:200]!r} not found: no run has that id or name; to list the runs whose name "
                 f"or id contains it: tracehouse query runs --name {shlex.quote(name[:200])}"

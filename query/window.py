@@ -142,6 +142,16 @@ FROM {db}.runs FINAL WHERE name = {name:String} AND NOT importing ORDER BY start
 """
 
 
+def runs_named_like() -> str:
+    """The names of at most {limit:UInt32} runs nearest {name:String} by edit distance (case aside), within
+    {most:UInt32} edits: what a misspelt run name was meant to be."""
+    return """
+SELECT name, min(editDistance(lower(name), lower({name:String}))) AS distance
+FROM {db}.runs FINAL WHERE NOT importing AND name != ''
+GROUP BY name HAVING distance <= {most:UInt32} ORDER BY distance, name LIMIT {limit:UInt32}
+"""
+
+
 def names(field: str, values: Sequence[str], limits: Limits) -> list[str]:
     for value in values:
         if not value or len(value) > limits.max_string_bytes:

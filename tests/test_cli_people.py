@@ -189,9 +189,14 @@ def test_runs_are_found_by_their_names(
     assert code == 2 and "run-c" in err and "run_a" in err
     code, _, err = run(capsys, "query", "kernels", "--run", "res net", "--server", address)
     assert code == 2 and "NOT_FOUND" in err and len(err.strip().splitlines()) == 1
+    assert "did you mean 'resnet'?" in err, err
     found = hinted(err.strip().split(": ")[-1])
-    assert found == ["query", "runs", "--name", "res net", "--server", address]
-    assert run(capsys, *found)[0] == 0
+    assert found == ["query", "runs", "--name", "resnet", "--server", address]
+    code, out, _ = run(capsys, *found)
+    assert code == 0 and "run-a" in out, "the hint lists the run meant"
+    code, _, err = run(capsys, "query", "kernels", "--run", "imagenet", "--server", address)
+    assert code == 2 and "did you mean" not in err
+    assert hinted(err.strip().split(": ")[-1]) == ["query", "runs", "--name", "imagenet", "--server", address]
 
 
 def test_diff_takes_two_runs_as_compare_does_and_answers_first(
