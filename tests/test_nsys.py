@@ -464,7 +464,9 @@ def test_agent_watch_imports_exports_once_they_stop_growing(
     assert len(imported) == 1, "remembered: a restarted agent does not import it again"
 
 
-def test_ranges_without_gpu_work_have_no_projected_gpu_time(writer: BatchWriter, client: Client) -> None:
+def test_ranges_without_gpu_work_have_no_projected_gpu_time_and_the_driver_reads_as_a_version(
+    writer: BatchWriter, client: Client
+) -> None:
     """saxpy's MPI ranges launch nothing: their GPU time is empty (not a capped 2**63 - 1), and they
     sort after the range that has work."""
     path = NSYS / "nsys-2022.2-pipit-saxpy-mpi-cuda.sqlite"
@@ -478,3 +480,5 @@ def test_ranges_without_gpu_work_have_no_projected_gpu_time(writer: BatchWriter,
     assert idle["gpu_total_ns"].isna().all() and idle["gpu_stddev_ns"].isna().all()
     assert (busy["gpu_total_ns"] > 0).all() and busy["gpu_total_ns"].max() < 2**62
     assert list(summary.index[: len(busy)]) == list(busy.index), "the ranges with GPU work come first"
+    drivers = set(client.devices()[lambda d: d["run_id"] == run]["driver"])
+    assert drivers == {"525.105.17"}, "Nsight's NvDriverVersion 52510517, as NVIDIA writes it"

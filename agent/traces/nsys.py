@@ -284,7 +284,7 @@ FROM {table} AS g WHERE {col(table, "g", "cuDevice", "g.id")} IS NOT NULL ORDER 
                     memory_total=max(0, int(memory)),
                     sm_count=int(sms) if 0 <= int(sms) < NONE_32 else 0,
                     pci_bus_id=cut(sqlite_text(bus), MAX_NAME),
-                    driver=cut(sqlite_text(driver), MAX_NAME),
+                    driver=cut(driver_version(sqlite_text(driver)), MAX_NAME),
                     attrs={"chip": cut(sqlite_text(chip), MAX_NAME), "compute_capability": f"{major}.{minor}"},
                 )
             )
@@ -450,6 +450,14 @@ def _check_file(path: Path) -> None:
 def _digest(path: Path) -> str:
     with path.open("rb") as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def driver_version(text: str) -> str:
+    """Nsight's NvDriverVersion as NVIDIA writes a version: 5303002 is 530.30.02, 52510517 525.105.17 (the
+    major's three digits, then the minor's, then the patch's two); anything else as it is."""
+    if text.isascii() and text.isdigit() and len(text) in (7, 8):
+        return f"{text[:3]}.{text[3:-2]}.{text[-2:]}"
+    return text
 
 
 def _gpu_uuid(raw: str) -> str:
