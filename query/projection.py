@@ -69,10 +69,10 @@ def nvtx_gpu_summary(where: Predicates) -> Query:
 WITH {_ranges(where, materialized=True)},
 {_projection("ranges")}
 SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
-       if(with_gpu_work = 0, NULL, {capped_sum("projected")}) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
+       if(countIf(ops > 0) = 0, NULL, {capped_sum("projected")}) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
        quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
        max(projected) AS gpu_max_ns,
-       multiIf(with_gpu_work > 1, stddevSamp(projected), with_gpu_work = 1, 0, NULL) AS gpu_stddev_ns,
+       multiIf(countIf(ops > 0) > 1, stddevSamp(projected), countIf(ops > 0) = 1, 0, NULL) AS gpu_stddev_ns,
        sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
 FROM projection GROUP BY name ORDER BY gpu_total_ns DESC, name
 SETTINGS enable_materialized_cte = 1"""

@@ -293,8 +293,9 @@ def test_analyses_of_ranges_that_add_up_past_int64_do_not_wrap(
     builder = BatchBuilder("long-ranges", run_id="run-a", host="host-a")
     starts = T0 + np.arange(longest)
     builder.add_events("nvtx", starts, starts + MAX_EVENT_NS, "epoch", tid=7)
-    builder.add_events("kernel", starts, starts + MAX_EVENT_NS, "forever", gpu=0, tid=7)
+    builder.add_events("kernel", starts, starts + MAX_EVENT_NS, "forever", gpu=0, tid=7, launch_start=starts)
     ingest.Write(request(builder), timeout=30)
     summary = client.nvtx_gpu(run="run-a")["summary"].set_index("name")
     assert summary.loc["epoch", "range_total_ns"] == 2**63 - 1, "at most the largest Int64: never negative"
-    assert 0 < summary.loc["epoch", "gpu_total_ns"] <= 2**63 - 1
+    assert summary.loc["epoch", "with_gpu_work"] == longest, "each range launched the kernels after its start"
+    assert summary.loc["epoch", "gpu_total_ns"] == 2**63 - 1
