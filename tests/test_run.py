@@ -143,6 +143,7 @@ def counting_command(ready: Path, got: Path) -> list[str]:
                 out.write(signal.Signals(number).name + "\\n")
         signal.signal(signal.SIGTERM, note)
         signal.signal(signal.SIGINT, note)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # it dies of SIGHUP, even where nohup made it ignored
         pathlib.Path({str(ready)!r}).touch()
         while not pathlib.Path({str(got)!r}).exists():
             time.sleep(0.01)
