@@ -62,18 +62,19 @@ gaps AS (SELECT host, gpu, reach AS start_ns, s AS end_ns, s - reach AS length_n
 
 
 def gpu_time(where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int) -> Query:
-    """Per GPU: span, busy, idle, busy %, islands, and its `max_gaps` longest gaps over
-    `min_gap` as an array; one pass over the work. Busy time is the union's extent less its
-    gaps."""
+    """Per GPU: span, busy, idle, busy %, islands, how many gaps there are over `min_gap` and
+    the `max_gaps` longest of them as an array; one pass over the work. Busy time is the union's
+    extent less its gaps."""
     span_start = "{clip_from:Int64}" if clip_from is not None else "first"
     span_end = "{clip_to:Int64}" if clip_to is not None else "last"
     sql = f"""
 WITH {reach(_work(where, clip_from, clip_to))}
 SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_ns - busy_ns AS idle_ns,
-       100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands, gaps
+       100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands, long_gaps, gaps
 FROM (
     SELECT host, gpu, min(s) AS first, max(e) AS last, {span_start} AS span_start_ns, {span_end} AS span_end_ns,
            last - first - sumIf(s - reach, {GAP}) AS busy_ns, countIf({GAP}) + 1 AS islands,
+           countIf({GAP} AND s - reach > {{min_gap:Int64}}) AS long_gaps,
            arrayMap(g -> (g.2, g.3, -g.1),  -- longest first: sorted by negated length
                     groupArraySortedIf({{max_gaps:UInt32}})(
                         (reach - s, reach, s), {GAP} AND s - reach > {{min_gap:Int64}})) AS gaps

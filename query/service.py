@@ -35,7 +35,6 @@ from tracehouse.v1 import batch_pb2, query_pb2, query_pb2_grpc
 DEFAULT_MIN_GAP_NS = 1_000_000
 DEFAULT_SHORT_NS = 10_000
 NAMESAKES_SHOWN = 5  # runs listed when a name is ambiguous
-GAP_COUNT = "SELECT count() AS n FROM gaps WHERE length_ns > {min_gap:Int64}"
 
 
 def window_of(message: query_pb2.Window, limits: Limits) -> Window:
@@ -290,13 +289,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
             *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps)
         )
         gaps = _unfold_gaps(table, max_gaps)
-        gpus = table.drop_columns(["gaps"])
-        per_gpu = [len(longest or []) for longest in table.column("gaps").to_pylist()]
-        count = sum(per_gpu)
-        if any(n >= max_gaps for n in per_gpu):  # some GPU has more than it listed: count them all
-            where = event_predicates(window, run)
-            text = f"WITH {analysis._gaps(where, clip_from, clip_to)} {GAP_COUNT}"
-            count = int(self.store.query(text, {**where.params, "min_gap": min_gap}).column("n")[0].as_py())
+        gpus = table.drop_columns(["gaps", "long_gaps"])
+        count = sum(table.column("long_gaps").to_pylist())
         return query_pb2.GpuTimeResponse(
             gpus=query_pb2.Table(arrow_ipc=ipc_bytes(gpus), rows=gpus.num_rows),
             gaps=query_pb2.Table(arrow_ipc=ipc_bytes(gaps), rows=gaps.num_rows),
