@@ -12,7 +12,7 @@ naming the run that described it last: an earlier run's registration can be lost
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -32,9 +32,17 @@ def recorded_counts(runs: pd.DataFrame, devices: pd.DataFrame) -> dict[str, int 
     }
 
 
-def unknown_counts(counts: Mapping[str, int | None]) -> tuple[str, ...]:
-    """The runs whose count compare has to find, at most MAX_COMPARED."""
-    return tuple(run for run, count in counts.items() if count is None)[:MAX_COMPARED]
+def gpu_counts(
+    runs: pd.DataFrame, devices: pd.DataFrame, compare: Callable[[tuple[str, ...]], pd.DataFrame]
+) -> dict[str, int | None]:
+    """Each run's GPU count as every page gives it: what it recorded, else (for MAX_COMPARED runs at
+    most) what `compare` (the Query client's) finds."""
+    counts = recorded_counts(runs, devices)
+    unknown = tuple(run for run, count in counts.items() if count is None)[:MAX_COMPARED]
+    if unknown:
+        compared = compare(unknown)
+        counts |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
+    return counts
 
 
 def listed_gpus(source: str, attrs: Mapping[str, str]) -> tuple[int, ...]:

@@ -188,13 +188,9 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     if args.what == "runs":
         frame = client.runs(args.host, args.source or "", args.name, args.limit, dict(args.tag))
         if table:
-            from query.rungpus import recorded_counts, unknown_counts
+            from query.rungpus import gpu_counts
 
-            gpus = recorded_counts(frame, client.devices())
-            if unknown := unknown_counts(gpus):  # as the Runs page and compare count them
-                compared = client.compare(unknown)
-                gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
-            frame = runs_for_people(frame, gpus)
+            frame = runs_for_people(frame, gpu_counts(frame, client.devices(), client.compare))
     elif args.what == "devices":
         frame = client.devices(args.host)
     elif args.what == "metrics":

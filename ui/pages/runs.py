@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from query.rungpus import recorded_counts, unknown_counts
+from query.rungpus import gpu_counts
 from tracehouse.model import RUN_SOURCES
 from tracehouse.readable import run_starts
 from ui.controls import SESSION_VIEW, run_label
@@ -23,12 +23,7 @@ chosen_host = host.selectbox("Host", ["", *hosts], format_func=lambda h: h or "(
 chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambda s: s or "(all)")
 found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
 devices = ask("devices")
-# a run's GPUs as compare counts them (query/rungpus.py): what it recorded, else what compare finds
-gpus = recorded_counts(found, devices)
-unknown = unknown_counts(gpus)
-if unknown:
-    compared = ask("compare", unknown)
-    gpus |= dict(zip(compared["run_id"], compared["gpus"], strict=True))
+gpus = gpu_counts(found, devices, lambda runs: ask("compare", runs))
 table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     {
         "name": found["name"],
