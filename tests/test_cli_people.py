@@ -25,7 +25,8 @@ from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli.main import main
 from tracehouse.cli.options import command_name
-from tracehouse.cli.up import ENV_COMMAND, Up, ui_environment
+from tracehouse.cli.up import Up, ui_environment
+from tracehouse.config import ENV_COMMAND
 from tracehouse.v1 import ingest_pb2_grpc
 
 CLOVERLEAF = FIXTURES / "nsys" / "nsys-2024.5-pipit-cloverleaf-4xa100.sqlite"

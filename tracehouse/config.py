@@ -11,6 +11,7 @@ from pathlib import Path
 ENV_HOME = "TRACEHOUSE_HOME"  # folder for the embedded store and the agent's spool
 ENV_RUNTIME_DIR = "TRACEHOUSE_RUNTIME_DIR"  # where the host's agent says it runs (default /run/tracehouse)
 ENV_SERVER = "TRACEHOUSE_SERVER"  # address of `tracehouse serve` for clients
+ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs `tracehouse`, for the UI's hints (`up` and `ui` set it)
 ENV_STORE = "TRACEHOUSE_STORE"  # store URL for `tracehouse serve`
 ENV_STORE_PASSWORD = "TRACEHOUSE_STORE_PASSWORD"  # the ClickHouse password, kept out of the URL
 # clients' credentials (tracehouse.channel.client_security): files, like their options

@@ -13,11 +13,10 @@ import streamlit as st
 from query.client import Client, QueryFailed
 from query.export import window_trace
 from tracehouse.channel import client_security
-from tracehouse.config import default_server
+from tracehouse.config import ENV_COMMAND, default_server
 from tracehouse.security import SecurityError
 
 ANSWER_TTL_S = 10
-ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs tracehouse (`up` and `ui` set it), for hints
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip

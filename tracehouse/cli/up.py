@@ -29,7 +29,6 @@ from tracehouse.channel import SECURITY_VARIABLES, ClientSecurity
 from tracehouse.cli.options import command_name
 from tracehouse.security import TOKEN_BYTES, ServerSecurity, glob_escape
 
-ENV_COMMAND = "TRACEHOUSE_COMMAND"  # how the user runs `tracehouse`, for the UI's hints
 UI_START_TIMEOUT_S = 60.0
 DEMO_TRAIN_STEPS = 30
 DEMO_TRAIN_TIMEOUT_S = 300.0  # demo-train is stopped after this long
@@ -80,7 +79,7 @@ def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, st
     that the app's Client reads (and none of this process's own credentials or store settings),
     and this command as the user runs it (for the hints the UI prints)."""
     inherited = {name: value for name, value in os.environ.items() if name not in NOT_FOR_UI}
-    own = {config.ENV_SERVER: server, ENV_COMMAND: command_name()}
+    own = {config.ENV_SERVER: server, config.ENV_COMMAND: command_name()}
     return {**inherited, **own, **(security or ClientSecurity()).environment()}
 
 

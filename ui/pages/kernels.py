@@ -38,7 +38,7 @@ with tabs[4]:
         gpus = gpus.assign(gpu_name=gpus["host"] + " GPU " + gpus["gpu"].astype(str))
     st.caption(origin_caption(scope.start_ns))
     table(gpus, "gpu_time", "GPU work", "gpu_name", "busy_pct", "busy share per GPU", origin_ns=scope.start_ns)
-    gaps = answer["gaps"].sort_values("length_ns", ascending=False, kind="stable")
+    gaps = answer["gaps"]  # the longest first, over every GPU
     st.subheader("Idle gaps, longest first")
     if not gaps.empty and int(gaps.groupby(["host", "gpu"]).size().max()) >= GAPS_ASKED:
         st.caption(f"A GPU has {GAPS_ASKED:,} gaps or more: listed are its {GAPS_ASKED:,} longest.")
