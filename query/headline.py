@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from tracehouse.shortnames import unique_short_names
-from tracehouse.units import NS_PER_S, count, duration, missing, number, percent, size
+from tracehouse.units import count, duration, missing, number, percent, seconds, size
 
 BIGGEST = 3  # changes named in the sentence
 NAME_WIDTH = 48
@@ -42,10 +42,8 @@ def _speed(a: pd.Series, b: pd.Series, name_a: str, name_b: str) -> str:
     open_runs = [name for run, name in ((a, name_a), (b, name_b)) if _text(run.get("status")) == "running"]
     if open_runs:
         so_far = "; ".join(
-            f"{name} is still running ({_took(seconds)} so far)"
-            if name in open_runs
-            else f"{name} took {_took(seconds)}"
-            for name, seconds in ((name_a, seconds_a), (name_b, seconds_b))
+            f"{name} is still running ({_took(spent)} so far)" if name in open_runs else f"{name} took {_took(spent)}"
+            for name, spent in ((name_a, seconds_a), (name_b, seconds_b))
         )
         return f"No verdict on speed yet: {so_far}."
     if seconds_a is None or seconds_b is None:
@@ -88,8 +86,8 @@ def _seconds(run: pd.Series) -> float | None:
     return None if missing(value) else float(value)  # type: ignore[arg-type]
 
 
-def _took(seconds: float | None) -> str:
-    return "duration unknown" if seconds is None else duration(seconds * NS_PER_S)
+def _took(value: float | None) -> str:
+    return "duration unknown" if value is None else seconds(value)
 
 
 def _text(value: object) -> str:
@@ -98,7 +96,7 @@ def _text(value: object) -> str:
 
 # the key figures: compare's column, the figure's words, how a value reads, whether the change is in points
 FIGURES: tuple[tuple[str, str, Callable[[Any], str], bool], ...] = (
-    ("duration_s", "Duration", lambda v: duration(float(v) * NS_PER_S), False),
+    ("duration_s", "Duration", seconds, False),
     ("gpus", "GPUs", count, False),
     ("busy_pct", "GPU busy", percent, True),
     ("gpu_util_mean", "GPU utilisation, mean", percent, True),
