@@ -99,7 +99,7 @@ def formatter(kind: str, origin_ns: int | None = None) -> Formatter:
         "duration": units.duration,
         "seconds": units.seconds,
         "size": units.size,
-        "rate": lambda v: "" if units.missing(v) else units.size(v) + "/s",
+        "rate": units.rate,
         "percent": units.percent,
         "energy": lambda v: units.number(v, "J"),
         "power": lambda v: units.number(v, "W"),

@@ -80,6 +80,11 @@ def size(n_bytes: float | None) -> str:
     return f"{sign}{shown} {_SIZES[power]}"
 
 
+def rate(bytes_per_s: float | None) -> str:
+    """1.2 GiB/s: a size each second."""
+    return "" if missing(bytes_per_s) else size(bytes_per_s) + "/s"
+
+
 def percent(value: float | None) -> str:
     """26.1 % (one decimal)."""
     return "" if missing(value) else f"{float(value):.1f} %"  # type: ignore[arg-type]
@@ -165,7 +170,7 @@ def metric_value(metric: str, value: float | None) -> str:
     if unit == "B":
         return size(value)
     if unit == "B/s":
-        return "" if missing(value) else size(value) + "/s"
+        return rate(value)
     if unit == "ns":
         return duration(value)
     if unit == "s":
