@@ -15,9 +15,9 @@ from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     _add_client_security,
+    _add_run_and_times,
     _add_server_option,
     _client_security,
-    _time,
 )
 
 if TYPE_CHECKING:
@@ -37,12 +37,7 @@ def _add_export(commands: Any) -> None:
     _add_server_option(export)
     _add_client_security(export)
     group = export.add_argument_group("window")
-    group.add_argument(
-        "--run", default="", help="a run id, or a run's name where one run has it: its events and its host's "
-        "telemetry during it",
-    )  # fmt: skip
-    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, now-15m or -15m")
-    group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
+    _add_run_and_times(group)
     group.add_argument("--host", default=None, help="only this host")
     export.add_argument(
         "--format",

@@ -150,6 +150,16 @@ def _duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _add_run_and_times(group: Any) -> None:
+    """A window's --run, --from and --to."""
+    group.add_argument(
+        "--run", default="", help="a run id, or a run's name where one run has it: its events and its host's "
+        "telemetry during it"
+    )  # fmt: skip
+    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, now-15m or -15m")
+    group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
+
+
 def _add_server_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",

@@ -12,13 +12,13 @@ from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     _add_client_security,
+    _add_run_and_times,
     _add_server_option,
     _client_security,
     _duration,
     _gpu,
     _positive,
     _tag,
-    _time,
     command_name,
 )
 from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, RUN_SOURCES
@@ -43,12 +43,7 @@ SUMMARY_KINDS = {
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("window")
-    group.add_argument(
-        "--run", default="", help="a run id, or a run's name where one run has it: its events and its host's "
-        "telemetry during it"
-    )  # fmt: skip
-    group.add_argument("--from", dest="start", type=_time, help="ISO-8601, ns since the epoch, now-15m or -15m")
-    group.add_argument("--to", dest="end", type=_time, help="exclusive; same forms as --from")
+    _add_run_and_times(group)
     group.add_argument("--host", action="append", default=[], help="repeat for several")
     group.add_argument("--gpu", action="append", type=_gpu, default=[], help="repeat for several")
     group.add_argument("--range", default=None, metavar="NAME", help="the span of one instance of this NVTX range")
