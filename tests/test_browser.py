@@ -35,7 +35,8 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
          "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
 WIDTH, HEIGHT = 1280, 900
 CLOVERLEAF = FIXTURES / "nsys" / "nsys-2024.5-pipit-cloverleaf-4xa100.sqlite"
-RAW = re.compile(r"\d{10,}")  # ns since the epoch, or ns and bytes no person should count digits of
+RAW = re.compile(r"\b\d{10,}\b")  # ns since the epoch, or ns and bytes no person should count digits of;
+# \b: a run id's hex digits (nsys-75a9707e203d44323946917d) are a name, not a number
 DURATION = re.compile(r"\d (ns|µs|ms|s|min)\b")
 # Streamlit's tables paint their cells on a canvas: record every text painted, with where
 PAINTED = """

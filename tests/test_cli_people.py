@@ -31,7 +31,7 @@ from tracehouse.v1 import ingest_pb2_grpc
 
 CLOVERLEAF = FIXTURES / "nsys" / "nsys-2024.5-pipit-cloverleaf-4xa100.sqlite"
 RAW = re.compile(r"(nan|<NA>|None|NaT)\b")
-LONG_NUMBER = re.compile(r"\d{10,}")
+LONG_NUMBER = re.compile(r"\b\d{10,}\b")  # \b: a run id's hex digits are a name, not a number
 REPO = Path(__file__).resolve().parents[1]
 
 
