@@ -151,6 +151,34 @@ INGEST_BATCHES = Table(
     dedup=False,
 )
 
+# Each group commit (ingest/groupcommit.py) is written here first, whole, then to the tables and the ledger,
+# then marked done: a group a crash left unfinished is finished from here, by whichever server meets one of
+# its batches again or sweeps it up, with the same insert tokens, so what did land is not stored twice.
+# A done row (version 1, empty) replaces the group's row at the next merge.
+INGEST_PENDING = Table(
+    "ingest_pending",
+    """
+    commit UInt64 COMMENT 'the group commit: its insert tokens are <commit>/<table>',
+    done UInt8 COMMENT '1: stored whole; the row that replaces the group''s data',
+    received DateTime64(9, 'UTC'),
+    batch_ids Array(String),
+    digests Array(String),
+    rows Array(Map(LowCardinality(String), UInt32)) COMMENT 'each batch''s rows per table',
+    samples String COMMENT 'the group''s rows of the table, as an Arrow IPC stream; empty: none' CODEC(ZSTD(1)),
+    events String CODEC(ZSTD(1)),
+    runs String CODEC(ZSTD(1)),
+    devices String CODEC(ZSTD(1)),
+    INDEX batch_ids_bloom batch_ids TYPE bloom_filter GRANULARITY 1
+""",
+    "ReplacingMergeTree",
+    version="done",
+    order_by="commit",
+    ttl="toDateTime(received) + INTERVAL 1 DAY",
+    comment="group commits under way: what a crash left half-stored is finished from here",
+    shard_key="commit",
+    dedup=True,
+)
+
 # Rollups of `samples` per second and per minute. min/max/sum/count rather than avg, so
 # that any coarser bucket made of them has an exact average.
 
@@ -237,11 +265,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(4, "group commits under way, so that a crash mid-commit stores nothing twice", (INGEST_PENDING,)),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
 
-TABLES_BY_NAME = {table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES)} | {
+TABLES_BY_NAME = {table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING)} | {
     name: table for name, (table, _) in ROLLUPS.items()
 }
 # what `--retention NAME=DURATION` may name, and the tables each name stands for

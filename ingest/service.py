@@ -1,13 +1,16 @@
 """The gRPC Ingest service: admit a batch (ingest/admission.py), validate it whole, check it against the
-caller's grant (ingest/grants.py), then store it exactly once."""
+caller's grant (ingest/grants.py), then store it exactly once, with the batches other writers send
+at the same time (ingest/groupcommit.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ingest.admission import Admission, Overloaded
 from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
+from ingest.groupcommit import GroupCommit
 from ingest.store import Store, WriteResult
 from ingest.validate import ValidatedBatch, has_unknown_fields, validate_batch
 from tracehouse.pushback import PUSHBACK_KEY
@@ -22,8 +25,9 @@ STORED_HOSTS_KEPT = 100_000  # runs whose host this process remembers
 class IngestService(ingest_pb2_grpc.IngestServicer):
     wants_encoded_request = ("Write",)  # hashing the bytes as sent beats encoding them again
 
-    def __init__(self, store: Store, admission: Admission | None = None) -> None:
+    def __init__(self, store: Store, commit: GroupCommit, admission: Admission | None = None) -> None:
         self.store = store
+        self.commit = commit
         self.admission = admission or Admission()
         self.run_locks = RunLocks()
         # a stored run keeps its host (ingest/grants.py), so a host once found stays true
@@ -37,7 +41,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
                 as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
                 batch = validate_batch(request.batch, self.store.limits, received, as_sent, grant.namespace)
                 check_bounds(batch, grant)
-                result = self._write(batch, received, grant)
+                result = self._write(batch, received, grant, context.is_active)
         except Overloaded as refused:
             context.set_trailing_metadata(((PUSHBACK_KEY, str(refused.retry_ms)),))
             raise
@@ -46,17 +50,17 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
             raise
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, **result.rows)
 
-    def _write(self, batch: ValidatedBatch, received: int, grant: Grant) -> WriteResult:
+    def _write(self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool]) -> WriteResult:
         """Run descriptions answer to the stored ones first, one run at a time in this process."""
         if grant.hosts is not None:
             check_run_hosts(batch, self._run_hosts(named_runs(batch)), grant)
         if batch.runs is None:
-            return self.store.write(batch, received)
+            return self.commit.write(batch, received, wanted)
         with self.run_locks.holding(batch.runs.column("run_id").to_pylist()):
             stored = self.store.run_states(batch)
             if stored is not None:  # None: this very batch is stored already
                 check_descriptions(batch.runs, stored, grant)
-            return self.store.write(batch, received)
+            return self.commit.write(batch, received, wanted)
 
     def _run_hosts(self, run_ids: list[str]) -> dict[str, str]:
         missing = [run_id for run_id in run_ids if run_id not in self._stored_hosts]

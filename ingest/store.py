@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import re
+import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
+from ingest.group import TABLES, Group, decode_tables, encode_tables, new_group
 from ingest.location import StoreLocation, parse_store_url, with_password
 from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
 from ingest.schema import Layout, render, retention_ddl, ttl_expression
@@ -62,7 +66,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TABLES = ("samples", "events", "runs", "devices")
 # Codes with which the engine refuses an insert for what its rows hold: the batch, not the store, is wrong.
 _BAD_DATA = {
     6, 27, 38, 41, 53, 69, 70, 72,  # CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE
@@ -140,8 +143,9 @@ class Store:
         self.layout = Layout(location.database, cluster, shards_by, dict(retention or {}))
         self.db = self.layout.db
         self._pool = _ClientPool(self._connect, pool_size)
-        self._in_flight: set[str] = set()
-        self._in_flight_changed = threading.Condition()
+        self._write_lock = threading.Lock()  # a batch written twice at once is stored once
+        self._done: list[int] = []  # groups finished here and not yet marked done in ingest_pending
+        self._done_lock = threading.Lock()
         self._ready = False
         self._ready_lock = threading.Lock()
         # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
@@ -328,73 +332,198 @@ class Store:
 
     def write(self, batch: ValidatedBatch, received_ns: int) -> WriteResult:
         """Store the batch once. Safe to call again with the same batch after any failure."""
+        outcome = self.write_group([batch], received_ns)[0]
+        if isinstance(outcome, StoreError):
+            raise outcome
+        return outcome
+
+    def write_group(self, batches: Sequence[ValidatedBatch], received_ns: int) -> list[WriteResult | StoreError]:
+        """Store each batch once, those not stored before as one group: one insert per table
+        (ingest/group.py). An outcome per batch: a BatchConflict or BatchRefused stands for that
+        batch alone. A failure of the store raises; what landed of the group is finished when one
+        of its batches is written again (here or by another server on the store), or by
+        finish_unfinished."""
         self.ensure_ready()
-        rows = batch.rows()
-        with self._exclusive(batch.batch_id), self._client() as client:
-            stored = self._ledger(client, batch.batch_id)
-            if stored is not None:
-                digest, counts = stored
-                if digest != batch.digest:
-                    raise BatchConflict(
-                        f"batch_id {batch.batch_id!r} was stored before with other content "
-                        f"({_describe(counts)}; this one has {_describe(rows)}): use a new batch_id"
-                    )
-                return WriteResult(duplicate=True, rows=rows)
-            for table in TABLES:
-                data = getattr(batch, table)
-                if data is not None:
-                    try:
-                        client.insert_arrow(
-                            f"{self.db}.{table}",
-                            data,
-                            settings={
-                                "insert_deduplication_token": f"{batch.batch_id}/{table}",
-                                # the rollups of a retried insert are deduplicated with it
-                                "deduplicate_blocks_in_dependent_materialized_views": 1,
-                            },
-                        )
-                    except DatabaseError as error:
-                        if error_code(error) not in _BAD_DATA:
-                            raise
-                        # validation lets through nothing the engine refuses: a gap there, logged
-                        log.error("the store refused %s of batch %s: %s", table, batch.batch_id, clean_error(error))
-                        raise BatchRefused(f"{table}: the store refused these rows: {clean_error(error)}") from error
+        ids = sorted({batch.batch_id for batch in batches})
+        with self._write_lock, self._client() as client:
+            finished = {
+                batch_id for commit in self._unfinished(client, ids) for batch_id in self._finish(client, commit)
+            }
+            stored = self._ledger(client, ids)
+            first: dict[str, int] = {}
+            for i, batch in enumerate(batches):
+                if batch.batch_id not in stored:
+                    first.setdefault(batch.batch_id, i)
+            fresh = sorted(first.values())
+            refused: dict[int, StoreError] = {}
+            if fresh:
+                group = new_group([batches[i] for i in fresh], received_ns)
+                self._insert_pending(client, group)
+                refused = {fresh[j]: error for j, error in self._store_group(client, group).items()}
+        outcomes: list[WriteResult | StoreError] = []
+        for i, batch in enumerate(batches):
+            if i in refused:
+                outcomes.append(refused[i])
+            elif batch.batch_id in stored:
+                outcome = _as_stored(batch, *stored[batch.batch_id])
+                if (
+                    isinstance(outcome, WriteResult)
+                    and batch.batch_id in finished
+                    and first.get(batch.batch_id) is None
+                ):
+                    outcome = WriteResult(duplicate=False, rows=outcome.rows)  # its group was finished just now
+                outcomes.append(outcome)
+            elif first[batch.batch_id] != i:  # the same batch twice in one group
+                earlier = batches[first[batch.batch_id]]
+                outcomes.append(refused.get(first[batch.batch_id]) or _as_stored(batch, earlier.digest, earlier.rows()))
+            else:
+                outcomes.append(WriteResult(duplicate=False, rows=batch.rows()))
+        return outcomes
+
+    def _insert_pending(self, client: Client, group: Group) -> None:
+        """The group, whole, before any of it goes to the tables; with it, the done marks of the
+        groups finished since the last one (one insert, so one part, per group)."""
+        with self._done_lock:
+            done, self._done = self._done, []
+        rows = [_pending_row(group), *(_done_row(commit) for commit in done)]
+        try:
+            client.insert_arrow(f"{self.db}.ingest_pending", pa.Table.from_pylist(rows, schema=_PENDING_SCHEMA))
+        except BaseException:
+            with self._done_lock:
+                self._done.extend(done)
+            raise
+        _crash_point("pending")
+
+    def _store_group(self, client: Client, group: Group) -> dict[int, BatchRefused]:
+        """Insert the group's rows per table, then its ledger rows; the batches (by index) whose rows
+        the store refused. The same group stored again stores nothing twice: the inserts carry
+        its tokens, and a refusal is made again the same way."""
+        refused: dict[int, BatchRefused] = {}
+        for table in TABLES:
+            if table not in group.tables:
+                continue
+            data = group.without(set(refused), table) if refused else group.tables[table]
+            try:
+                if data.num_rows:
+                    self._insert(client, table, data, group.token(table))
+            except BatchRefused as error:
+                if len(group.batch_ids) == 1:
+                    refused[0] = error
+                    continue
+                for i, part in enumerate(group.slices(table)):  # which batch: each on its own
+                    if i not in refused and part.num_rows:
+                        try:
+                            self._insert(client, table, part, f"{group.token(table)}/{i}")
+                        except BatchRefused as alone:
+                            refused[i] = alone
+            _crash_point(f"table:{table}")
+        _crash_point("tables")
+        kept = [i for i in range(len(group.batch_ids)) if i not in refused]
+        if kept:
             client.insert_arrow(
                 f"{self.db}.ingest_batches",
                 pa.table(
                     {
-                        "batch_id": [batch.batch_id],
-                        "digest": [batch.digest],
-                        "received": pa.array([received_ns], pa.timestamp("ns", tz="UTC")),
-                        **{table: pa.array([rows[table]], pa.uint32()) for table in TABLES},
+                        "batch_id": [group.batch_ids[i] for i in kept],
+                        "digest": [group.digests[i] for i in kept],
+                        "received": pa.array([group.received_ns] * len(kept), pa.timestamp("ns", tz="UTC")),
+                        **{
+                            table: pa.array([group.rows[i].get(table, 0) for i in kept], pa.uint32())
+                            for table in TABLES
+                        },
                     }
                 ),
             )
-        return WriteResult(duplicate=False, rows=rows)
+        _crash_point("ledger")
+        with self._done_lock:
+            self._done.append(group.commit)
+        return refused
 
-    def _ledger(self, client: Client, batch_id: str) -> tuple[str, dict[str, int]] | None:
+    def _insert(self, client: Client, table: str, data: pa.Table, token: str) -> None:
+        try:
+            client.insert_arrow(
+                f"{self.db}.{table}",
+                data,
+                settings={
+                    "insert_deduplication_token": token,
+                    # the rollups of a retried insert are deduplicated with it
+                    "deduplicate_blocks_in_dependent_materialized_views": 1,
+                },
+            )
+        except DatabaseError as error:
+            if error_code(error) not in _BAD_DATA:
+                raise
+            # validation lets through nothing the engine refuses: a gap there, logged
+            log.error("the store refused %s of insert %s: %s", table, token, clean_error(error))
+            raise BatchRefused(f"{table}: the store refused these rows: {clean_error(error)}") from error
+
+    def _unfinished(self, client: Client, batch_ids: list[str]) -> list[int]:
+        """The unfinished groups that hold any of `batch_ids`."""
         found = client.query(
-            f"SELECT digest, {', '.join(TABLES)} FROM {self.db}.ingest_batches WHERE batch_id = {{id:String}} LIMIT 1",
-            parameters={"id": batch_id},
+            f"SELECT commit FROM {self.db}.ingest_pending WHERE commit IN "
+            f"(SELECT commit FROM {self.db}.ingest_pending WHERE hasAny(batch_ids, {{ids:Array(String)}})) "
+            "GROUP BY commit HAVING max(done) = 0",
+            parameters={"ids": batch_ids},
+        ).result_rows
+        with self._done_lock:
+            done = set(self._done)  # finished here, not yet marked
+        return [int(row[0]) for row in found if int(row[0]) not in done]
+
+    def _finish(self, client: Client, commit: int) -> tuple[str, ...]:
+        """Store again what an unfinished group holds (what of it landed is not stored twice); its batch ids."""
+        found = client.query(
+            f"SELECT received, batch_ids, digests, rows, {', '.join(TABLES)} FROM {self.db}.ingest_pending "
+            "WHERE commit = {commit:UInt64} AND done = 0 LIMIT 1",
+            parameters={"commit": commit},
+            column_formats=dict.fromkeys(TABLES, "bytes"),
         ).result_rows
         if not found:
-            return None
-        digest, *counts = found[0]
-        return str(digest), dict(zip(TABLES, (int(v) for v in counts), strict=True))
+            return ()
+        received, batch_ids, digests, rows, *payloads = found[0]
+        if len(self._ledger(client, list(batch_ids))) == len(batch_ids):  # the ledger comes last: all landed
+            with self._done_lock:
+                self._done.append(commit)
+            return ()
+        tables = decode_tables({table: data for table, data in zip(TABLES, payloads, strict=True) if data})
+        group = Group(commit, _ns(received), tuple(batch_ids), tuple(digests), tuple(rows), tables)
+        log.warning("finishing group commit %d (%d batches) that a stopped server left unfinished", commit, len(rows))
+        self._store_group(client, group)
+        return group.batch_ids
 
-    @contextlib.contextmanager
-    def _exclusive(self, batch_id: str) -> Iterator[None]:
-        """Writes of one batch_id in this process happen one after another."""
-        with self._in_flight_changed:
-            while batch_id in self._in_flight:
-                self._in_flight_changed.wait()
-            self._in_flight.add(batch_id)
-        try:
-            yield
-        finally:
-            with self._in_flight_changed:
-                self._in_flight.discard(batch_id)
-                self._in_flight_changed.notify_all()
+    def finish_unfinished(self, older_than_s: float) -> int:
+        """Finish the groups left unfinished for over `older_than_s` (their servers stopped, their
+        writers gone), and mark the finished ones done; how many were finished."""
+        self.ensure_ready()
+        with self._client() as client:
+            commits = [
+                int(row[0])
+                for row in client.query(
+                    f"SELECT commit FROM {self.db}.ingest_pending GROUP BY commit "
+                    "HAVING max(done) = 0 AND min(received) < now64(9) - toIntervalMillisecond({age:UInt64})",
+                    parameters={"age": int(older_than_s * 1000)},
+                ).result_rows
+            ]
+            for commit in commits:
+                self._finish(client, commit)
+            with self._done_lock:
+                done, self._done = self._done, []
+            if done:
+                client.insert_arrow(
+                    f"{self.db}.ingest_pending",
+                    pa.Table.from_pylist([_done_row(commit) for commit in done], schema=_PENDING_SCHEMA),
+                )
+        return len(commits)
+
+    def _ledger(self, client: Client, batch_ids: list[str]) -> dict[str, tuple[str, dict[str, int]]]:
+        found = client.query(
+            f"SELECT batch_id, any(digest), {', '.join(f'any({table})' for table in TABLES)} "
+            f"FROM {self.db}.ingest_batches WHERE batch_id IN {{ids:Array(String)}} GROUP BY batch_id",
+            parameters={"ids": batch_ids},
+        ).result_rows
+        return {
+            str(batch_id): (str(digest), dict(zip(TABLES, (int(v) for v in counts), strict=True)))
+            for batch_id, digest, *counts in found
+        }
 
     # -- reads --------------------------------------------------------------------------
 
@@ -451,7 +580,7 @@ class Store:
         self.ensure_ready()
         run_ids = [] if batch.runs is None else sorted(set(batch.runs.column("run_id").to_pylist()))
         with self._client() as client:
-            stored = self._ledger(client, batch.batch_id)
+            stored = self._ledger(client, [batch.batch_id]).get(batch.batch_id)
             if stored is not None and stored[0] == batch.digest:
                 return None
             found = self._run_rows(client, run_ids)
@@ -475,6 +604,60 @@ class Store:
 def without_materialized_cte(sql: str) -> str:
     """The query with its CTEs computed where referenced: same answer, maybe more work."""
     return _MATERIALIZED_CTE.sub("AS (", sql).replace("\nSETTINGS enable_materialized_cte = 1", "")
+
+
+_PENDING_SCHEMA = pa.schema(
+    [
+        ("commit", pa.uint64()),
+        ("done", pa.uint8()),
+        ("received", pa.timestamp("ns", tz="UTC")),
+        ("batch_ids", pa.list_(pa.string())),
+        ("digests", pa.list_(pa.string())),
+        ("rows", pa.list_(pa.map_(pa.string(), pa.uint32()))),
+        *((table, pa.binary()) for table in TABLES),
+    ]
+)
+
+
+def _pending_row(group: Group) -> dict[str, Any]:
+    payload = encode_tables(group.tables)
+    return {
+        "commit": group.commit,
+        "done": 0,
+        "received": time.time_ns(),  # what the TTL counts from, whatever the writer's clock said
+        "batch_ids": list(group.batch_ids),
+        "digests": list(group.digests),
+        "rows": [list(counts.items()) for counts in group.rows],
+        **{table: payload.get(table, b"") for table in TABLES},
+    }
+
+
+def _done_row(commit: int) -> dict[str, Any]:
+    """Replaces the group's row at the next merge, and with it the group's rows kept there."""
+    return {"commit": commit, "done": 1, "received": time.time_ns(), "batch_ids": [], "digests": [], "rows": []} | {
+        table: b"" for table in TABLES
+    }
+
+
+def _as_stored(batch: ValidatedBatch, digest: str, counts: Mapping[str, int]) -> WriteResult | StoreError:
+    """The outcome for a batch whose id is stored already with `digest`."""
+    if digest != batch.digest:
+        return BatchConflict(
+            f"batch_id {batch.batch_id!r} was stored before with other content "
+            f"({_describe(counts)}; this one has {_describe(batch.rows())}): use a new batch_id"
+        )
+    return WriteResult(duplicate=True, rows=batch.rows())
+
+
+def _ns(instant: Any) -> int:
+    """A DateTime64(9) as the driver reads it (an aware datetime) to ns since the epoch."""
+    return int(pa.scalar(instant, pa.timestamp("ns", tz="UTC")).value)
+
+
+def _crash_point(name: str) -> None:
+    """Tests of recovery stop a server at a named point of a group commit, as kill -9 would."""
+    if os.environ.get("TRACEHOUSE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _describe(rows: Mapping[str, int]) -> str:

@@ -64,16 +64,14 @@ def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
     builder = telemetry("b-partial")
     builder.add_events("kernel", [T0], [T0 + MS], "k")
     message = request(builder)
-    # the samples reached the store, then the server died before the events and the ledger
+    # the group and its samples reached the store, then the server died before the events and the ledger
+    from ingest.group import new_group
     from ingest.validate import validate_batch
 
-    validated = validate_batch(message.batch, DEFAULT_LIMITS, T0)
+    group = new_group([validate_batch(message.batch, DEFAULT_LIMITS, T0)], T0)
     with store._client() as raw:
-        raw.insert_arrow(
-            f"{store.db}.samples",
-            validated.samples,
-            settings={"insert_deduplication_token": "b-partial/samples"},
-        )
+        store._insert_pending(raw, group)
+        store._insert(raw, "samples", group.tables["samples"], group.token("samples"))
     assert counts(store)["samples"] == 400
     answer = ingest.Write(message, timeout=30)
     assert not answer.duplicate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from agent.shipping.spool import EncodedBatch, Spool
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
-from ingest.store import Store, WriteResult
+from ingest.store import Store, StoreError, WriteResult
 from ingest.validate import ValidatedBatch
 from tests.helpers import counts, telemetry
 from tests.test_agent import config, sample_count
@@ -42,10 +42,10 @@ class HeldStore(Store):
     entered: threading.Event
     release: threading.Event
 
-    def write(self, batch: ValidatedBatch, received_ns: int) -> WriteResult:
+    def write_group(self, batches: Sequence[ValidatedBatch], received_ns: int) -> list[WriteResult | StoreError]:
         self.entered.set()
         self.release.wait(60)
-        return super().write(batch, received_ns)
+        return super().write_group(batches, received_ns)
 
 
 @pytest.fixture

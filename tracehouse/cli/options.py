@@ -117,6 +117,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _commit_interval_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if not 0 <= value <= 60_000:
+        raise argparse.ArgumentTypeError(f"{value} ms is not within 0..60000")
+    return value
+
+
 def _port(text: str) -> int:
     value = _positive(text)
     if value > 65535:

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
 from ingest.grants import OutOfBounds
+from ingest.groupcommit import CommitPolicy, GroupCommit
 from ingest.service import IngestService
 from ingest.store import (
     BatchConflict,
@@ -45,6 +46,9 @@ from tracehouse.v1 import ingest_pb2, query_pb2
 
 log = logging.getLogger("tracehouse.serve")
 
+# Threads for calls: a write holds one until the group holding its batch is stored (ingest/groupcommit.py),
+# so a fleet needs hundreds; threads are made as calls come.
+DEFAULT_WORKERS = 1024
 INGEST = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
 QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]
 # gRPC refuses messages over TRANSPORT_MAX_BYTES itself (RESOURCE_EXHAUSTED) before our code
@@ -149,6 +153,7 @@ class Server:
     health: health.HealthServicer
     local_address: str | None = None  # `unix:PATH`, plain text, when ServerSecurity.local_socket
     local_folder: Path | None = None  # the socket's private folder, removed at stop
+    commit: GroupCommit | None = None
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -159,6 +164,8 @@ class Server:
         """Refuse new calls, let calls in flight finish (up to `grace` seconds)."""
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
+        if self.commit is not None:
+            self.commit.close()
         if self.local_folder is not None:
             shutil.rmtree(self.local_folder, ignore_errors=True)
 
@@ -167,10 +174,11 @@ def create_server(
     store: Store,
     listen: str,
     limits: Limits,
-    workers: int = 16,
+    workers: int = DEFAULT_WORKERS,
     *,
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     security: ServerSecurity | None = None,
+    commit: CommitPolicy | None = None,
 ) -> Server:
     """Build and start the server on `listen` (host:port; port 0 picks one). Writes may hold
     three in four of the `workers` threads; the others answer queries and refuse, at once,
@@ -186,7 +194,8 @@ def create_server(
         ],
     )
     admission = Admission(max_pending_bytes, max_calls=max(1, workers * 3 // 4))
-    add_service(server, INGEST, IngestService(store, admission), limits.max_batch_bytes)
+    group_commit = GroupCommit(store, commit)
+    add_service(server, INGEST, IngestService(store, group_commit, admission), limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -199,6 +208,7 @@ def create_server(
         else:
             port = server.add_insecure_port(listen)
     except RuntimeError as error:
+        group_commit.close()
         raise OSError(f"cannot listen on {listen}: {error}") from error
     local_folder = local_address = None
     if security.local_socket:
@@ -208,9 +218,10 @@ def create_server(
             server.add_insecure_port(local_address)
         except RuntimeError as error:
             shutil.rmtree(local_folder, ignore_errors=True)
+            group_commit.close()
             raise OSError(f"cannot listen on {local_address}: {error}") from error
     server.start()
-    running = Server(server, port, health_servicer, local_address, local_folder)
+    running = Server(server, port, health_servicer, local_address, local_folder, group_commit)
     running.set_serving(True)
     store.on_health(running.set_serving)
     return running
@@ -259,6 +270,7 @@ def serve(
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     security: ServerSecurity | None = None,
     layout: Mapping[str, Any] | None = None,
+    commit: CommitPolicy | None = None,
 ) -> int:
     """Run until SIGINT, SIGTERM or SIGHUP; then finish the calls in flight and close the store.
 
@@ -286,7 +298,9 @@ def serve(
                 raise
             log.warning("%s: answering UNAVAILABLE until it is reachable", error)
             ready = False
-        server = create_server(store, listen, limits, max_pending_bytes=max_pending_bytes, security=security)
+        server = create_server(
+            store, listen, limits, max_pending_bytes=max_pending_bytes, security=security, commit=commit
+        )
         server.set_serving(ready)
         threading.Thread(target=_watch_store, args=(store, stop), daemon=True).start()
         where = listening_address(listen, server.port)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES
+from ingest.groupcommit import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
 from tracehouse import __version__, config
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
@@ -16,7 +17,9 @@ from tracehouse.cli.options import (
     _add_paths,
     _add_server_option,
     _client_security,
+    _commit_interval_ms,
     _port,
+    _positive,
     _size,
     _size_text,
 )
@@ -98,6 +101,21 @@ def _add_serve(commands: Any) -> None:
             help="bytes of writes accepted but not yet stored; past it writers are told to retry later "
             "(default %(default)s)",
         )
+        parser.add_argument(
+            "--commit-interval-ms",
+            type=_commit_interval_ms,
+            default=round(DEFAULT_INTERVAL_S * 1000),
+            metavar="MS",
+            help="the batches of all writers are stored together, one insert per table at most every MS "
+            "milliseconds (default %(default)s; 0: as soon as the one before is stored)",
+        )
+        parser.add_argument(
+            "--commit-rows",
+            type=_positive,
+            default=DEFAULT_MAX_ROWS,
+            metavar="ROWS",
+            help="store the batches waiting sooner once they hold ROWS rows (default %(default)s)",
+        )
     for parser in (serve, up):
         _add_server_security(parser)
     ui = commands.add_parser("ui", help="run the Streamlit explorer against a server")
@@ -174,6 +192,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_pending_bytes=args.max_pending_bytes,
             security=security,
             layout=layout,
+            commit=CommitPolicy(args.commit_interval_ms / 1000, args.commit_rows),
         )
     except SecurityError as error:
         print(f"tracehouse: {error}", file=sys.stderr)
