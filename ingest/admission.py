@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from tracehouse.pushback import BEHIND
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
-DEFAULT_MAX_CALLS = 12  # of the 16 worker threads of tracehouse.cli.serve.create_server
+DEFAULT_MAX_CALLS = 12  # when not given: create_server gives three in four of its worker threads
 MIN_RETRY_MS = 20
 MAX_RETRY_MS = 5_000
 _FIRST_WRITE_MS = 100.0  # what a write is assumed to take until one has been timed

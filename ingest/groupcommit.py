@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ingest.store import Store, StoreError, StoreUnavailable, WriteResult
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 0.2
 DEFAULT_MAX_ROWS = 1_000_000  # below the engine's max_insert_block_size: one block, one part per insert
 SWEEP_S = 10.0
+STORING_AT_ONCE = 2  # one group's rows go to the engine while the next is claimed
 UNFINISHED_AFTER_S = 30.0  # a group unfinished for longer than this lost its server
 
 
@@ -63,13 +65,12 @@ class GroupCommit:
         self._last_group = -math.inf
         self._last_sweep = time.monotonic()
         self._closing = False
+        self._slots = threading.Semaphore(STORING_AT_ONCE)
         self.groups = 0  # stored so far
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
-    def write(
-        self, batch: ValidatedBatch, received_ns: int, wanted: Callable[[], bool] = lambda: True
-    ) -> WriteResult:
+    def write(self, batch: ValidatedBatch, received_ns: int, wanted: Callable[[], bool] = lambda: True) -> WriteResult:
         """Store `batch` with the others waiting now; return once it is stored."""
         waiting = _Waiting(batch, received_ns, wanted)
         with self._changed:
@@ -92,16 +93,21 @@ class GroupCommit:
         self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            with self._changed:
-                group = self._next_group()
-            if group is None:
-                self._sweep()
-                return
-            if group:
-                self._store(group)
-            if time.monotonic() - self._last_sweep >= self.sweep_s:
-                self._sweep()
+        with ThreadPoolExecutor(STORING_AT_ONCE, thread_name_prefix="group-commit") as storing:
+            while True:
+                self._slots.acquire()  # a group waits to be taken until it can be stored now
+                with self._changed:
+                    group = self._next_group()
+                if group is None:
+                    self._slots.release()
+                    break
+                if group:
+                    storing.submit(self._store, group).add_done_callback(lambda _: self._slots.release())
+                else:
+                    self._slots.release()
+                if time.monotonic() - self._last_sweep >= self.sweep_s:
+                    self._sweep()
+        self._sweep()
 
     def _next_group(self) -> list[_Waiting] | None:
         """Wait for the next group (an empty one when it is time to sweep); None once closed."""

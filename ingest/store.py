@@ -144,6 +144,7 @@ class Store:
         self.db = self.layout.db
         self._pool = _ClientPool(self._connect, pool_size)
         self._write_lock = threading.Lock()  # a batch written twice at once is stored once
+        self._claimed: dict[str, tuple[Group, threading.Event]] = {}  # batch id -> its group, being stored
         self._done: list[int] = []  # groups finished here and not yet marked done in ingest_pending
         self._done_lock = threading.Lock()
         self._ready = False
@@ -345,32 +346,26 @@ class Store:
         finish_unfinished."""
         self.ensure_ready()
         ids = sorted({batch.batch_id for batch in batches})
-        with self._write_lock, self._client() as client:
-            finished = {
-                batch_id for commit in self._unfinished(client, ids) for batch_id in self._finish(client, commit)
-            }
-            stored = self._ledger(client, ids)
-            first: dict[str, int] = {}
-            for i, batch in enumerate(batches):
-                if batch.batch_id not in stored:
-                    first.setdefault(batch.batch_id, i)
+        refused: dict[int, StoreError] = {}
+        with self._client() as client:
+            finished, stored, first = self._claim(client, batches, ids, received_ns)
             fresh = sorted(first.values())
-            refused: dict[int, StoreError] = {}
             if fresh:
-                group = new_group([batches[i] for i in fresh], received_ns)
-                self._insert_pending(client, group)
-                refused = {fresh[j]: error for j, error in self._store_group(client, group).items()}
+                group, storing = self._claimed[batches[fresh[0]].batch_id]
+                try:
+                    refused = {fresh[j]: error for j, error in self._store_group(client, group).items()}
+                finally:
+                    with self._write_lock:
+                        for batch_id in group.batch_ids:
+                            del self._claimed[batch_id]
+                    storing.set()
         outcomes: list[WriteResult | StoreError] = []
         for i, batch in enumerate(batches):
             if i in refused:
                 outcomes.append(refused[i])
             elif batch.batch_id in stored:
                 outcome = _as_stored(batch, *stored[batch.batch_id])
-                if (
-                    isinstance(outcome, WriteResult)
-                    and batch.batch_id in finished
-                    and first.get(batch.batch_id) is None
-                ):
+                if isinstance(outcome, WriteResult) and batch.batch_id in finished:
                     outcome = WriteResult(duplicate=False, rows=outcome.rows)  # its group was finished just now
                 outcomes.append(outcome)
             elif first[batch.batch_id] != i:  # the same batch twice in one group
@@ -379,6 +374,36 @@ class Store:
             else:
                 outcomes.append(WriteResult(duplicate=False, rows=batch.rows()))
         return outcomes
+
+    def _claim(
+        self, client: Client, batches: Sequence[ValidatedBatch], ids: list[str], received_ns: int
+    ) -> tuple[set[str], dict[str, tuple[str, dict[str, int]]], dict[str, int]]:
+        """Which of `batches` are stored already (finishing the unfinished groups that hold any),
+        and the index of the first of each other batch id, which are claimed as one new group,
+        written to ingest_pending. One claim at a time in this process; the groups claimed are
+        stored at the same time, and a batch claimed already is waited for."""
+        while True:
+            with self._write_lock:
+                busy = {self._claimed[batch_id][1] for batch_id in ids if batch_id in self._claimed}
+                if not busy:
+                    finished = {
+                        batch_id
+                        for commit in self._unfinished(client, ids)
+                        for batch_id in self._finish(client, commit)
+                    }
+                    stored = self._ledger(client, ids)
+                    first: dict[str, int] = {}
+                    for i, batch in enumerate(batches):
+                        if batch.batch_id not in stored:
+                            first.setdefault(batch.batch_id, i)
+                    if first:
+                        group = new_group([batches[i] for i in sorted(first.values())], received_ns)
+                        self._insert_pending(client, group)
+                        claim = (group, threading.Event())
+                        self._claimed.update(dict.fromkeys(group.batch_ids, claim))
+                    return finished, stored, first
+            for storing in busy:
+                storing.wait()
 
     def _insert_pending(self, client: Client, group: Group) -> None:
         """The group, whole, before any of it goes to the tables; with it, the done marks of the
