@@ -73,17 +73,22 @@ def _child_environment(folder: str) -> dict[str, str]:
     return mine | {config.ENV_HOME: folder, "PYTHONUNBUFFERED": "1"}
 
 
-@contextlib.contextmanager
-def serving(folder: str, *options: str) -> Iterator[tuple[str, Any]]:
-    """`tracehouse serve` as a child process on an embedded store in `folder`: its address and process."""
+def start_serve(folder: str, listen: str, *options: str) -> Any:
+    """`tracehouse serve` as a child process on an embedded store in `folder`, started (not yet listening)."""
     import subprocess
     import sys
 
-    server = subprocess.Popen(
-        with_parent([sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", "127.0.0.1:0",
+    return subprocess.Popen(
+        with_parent([sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", listen,
                      "--store", f"chdb://{folder}/store", *options]),
         env=_child_environment(folder), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def serving(folder: str, *options: str) -> Iterator[tuple[str, Any]]:
+    """`tracehouse serve` as a child process on an embedded store in `folder`: its address and process."""
+    server = start_serve(folder, "127.0.0.1:0", *options)
     try:
         yield _listening(server), server
     finally:

@@ -1,9 +1,14 @@
-"""`tracehouse bench load`: a fleet of simulated agents against one `tracehouse serve`: the rate
-the server accepts against the rate the agents offer, and whether every value was stored."""
+"""`tracehouse bench load`: a fleet against one `tracehouse serve`: the rate the server accepts against
+the rate the fleet offers, what each value costs the server, and whether every value was stored once.
+`--agents`: that many real agents in this process; `--writers`: that many agents' batches, encoded once
+and replayed over many channels (tracehouse/bench/payloads.py, fleet.py), at the scale of a fleet."""
 
 from __future__ import annotations
 
+import collections
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from tracehouse.bench.common import _stamp, serving
+from agent.runs.children import stop_process
+from tracehouse.bench.common import _listening, _stamp, serving, start_serve
+from tracehouse.bench.fleet import replay
+from tracehouse.bench.fleetreport import Server, fleet_report, read_store
+from tracehouse.bench.payloads import MS, FleetBatches
 
 
 def _proc_status_mb(pid: int, field: str) -> float | None:
@@ -114,3 +123,128 @@ def _sums(fleet: Sequence[Any]) -> tuple[int, int]:
     """Values the agents have sampled so far, and values the server has acknowledged."""
     counts = [agent.stats.snapshot() for agent in fleet]
     return sum(c["sampled"] for c in counts), sum(c["stored"] for c in counts)
+
+
+def bench_fleet(
+    writers: int,
+    gpus: int = 8,
+    interval: float = 2.0,
+    seconds: float = 60.0,
+    *,
+    channels: int = 32,
+    max_pending_bytes: int = 256 << 20,
+    kill_at: float | None = None,
+    restart_after: float = 5.0,
+    baseline_seconds: float = 5.0,
+) -> dict[str, Any]:
+    """`writers` agents' batches (`gpus` GPUs at 10 Hz, one batch every `interval` s each) for `seconds`
+    against `tracehouse serve` on a temporary embedded store, killed (-9) at `kill_at` and started again
+    `restart_after` s later when asked. The baseline: the same generator for `baseline_seconds`, each writer
+    sending as fast as it is answered, against a server that drops every write: the most it can offer.
+    Then the store, opened in this process, tells what it holds of each batch and how many inserts made it."""
+
+    if kill_at is not None and not 0 <= kill_at < seconds:
+        raise ValueError(f"--kill-at: {kill_at} s is not within the run's {seconds} s")
+    batches = FleetBatches(writers, gpus, round(interval * 1000))
+    ceiling = _generator_ceiling(batches, channels, baseline_seconds)
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
+        serve = _Serve(folder, ("--max-pending-bytes", str(max_pending_bytes)))
+        try:
+            cpu: list[tuple[float, float]] = []  # (serve's, this process's) at the start and at `seconds`
+            mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time()))  # noqa: E731
+            hooks = [(0.0, mark), (seconds, mark)]
+            if kill_at is not None:
+                hooks += [(kill_at, serve.kill), (kill_at + restart_after, serve.restart)]
+            base_ns = time.time_ns() // MS * MS
+            drain_s = max(30.0, seconds) + (restart_after if kill_at is not None else 0.0)
+            run = replay(batches, serve.address, seconds, channels, base_ns, drain_s=drain_s, hooks=hooks)
+        finally:
+            serve.stop()
+        stored = read_store(folder, batches, base_ns)
+    (serve_start, generator_start), (serve_end, generator_end) = cpu
+    server = Server(serve_end - serve_start, generator_end - generator_start, serve.peak_mb, serve.kills)
+    figures = fleet_report(batches, run, seconds, kill_at, server, stored)
+    # how many times the offered rate this generator reaches alone: well above 1, it is not what limits
+    ceiling["headroom"] = round(ceiling["values_per_s"] / figures["offered_values_per_s"], 1)
+    return {
+        **_stamp("load", "chdb", "grpcio"),
+        "writers": writers,
+        "gpus_per_writer": gpus,
+        "interval_s": batches.interval_ns / 1e9,
+        "seconds": seconds,
+        "channels": channels,
+        "values_per_batch": batches.templates[0].rows,
+        "bytes_per_batch": len(batches.templates[0].payload),
+        "kill_at_s": kill_at,
+        "baseline": ceiling,
+        **figures,
+    }
+
+
+class _Serve:
+    """`tracehouse serve` on one address and store, which the bench may kill (-9) and start again."""
+
+    def __init__(self, folder: str, options: Sequence[str]) -> None:
+        self.folder, self.options = folder, tuple(options)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.address = f"127.0.0.1:{probe.getsockname()[1]}"
+        self.banked_cpu, self.peak_mb, self.kills = 0.0, 0.0, 0
+        self.errors: collections.deque[str] = collections.deque(maxlen=20)
+        self.process = start_serve(folder, self.address, *self.options)
+        _listening(self.process)
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        try:
+            return self.banked_cpu + sum(psutil.Process(self.process.pid).cpu_times()[:2])
+        except psutil.Error:
+            return self.banked_cpu
+
+    def _bank(self) -> None:
+        self.peak_mb = max(self.peak_mb, _proc_status_mb(self.process.pid, "VmHWM") or 0.0)
+        self.banked_cpu = self.cpu_seconds()
+
+    def kill(self) -> None:
+        self._bank()
+        self.process.kill()
+        self.process.wait()
+        self.kills += 1
+
+    def restart(self) -> None:
+        """Started from this (the main) thread, which lives as long as serve should (with_parent)."""
+        self.process = start_serve(self.folder, self.address, *self.options)
+        threading.Thread(target=self.errors.extend, args=(self.process.stderr,), daemon=True).start()
+
+    def stop(self) -> None:
+        if self.process.poll() is not None and self.process.returncode != -9:
+            raise RuntimeError(f"tracehouse serve ended during the run: {''.join(self.errors).strip()}")
+        self._bank()
+        stop_process(self.process, 60.0)
+
+
+def _generator_ceiling(batches: FleetBatches, channels: int, seconds: float) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    from agent.runs.children import with_parent
+
+    sink = subprocess.Popen(
+        with_parent([sys.executable, "-c", "from tracehouse.bench.fleet import sink; sink()"]),
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        address, started = _listening(sink), time.process_time()
+        run = replay(batches, address, seconds, channels, time.time_ns(), paced=False)
+        generator_cpu = time.process_time() - started
+    finally:
+        stop_process(sink, 10.0)
+    sent = sum(d.values for d in run.deliveries if d.acked_s is not None)
+    return {
+        "what": "this generator, each writer sending as fast as it is answered, to a server that drops every write",
+        "seconds": seconds,
+        "values_per_s": round(sent / run.finished_s),
+        "calls_per_s": round(run.tally.calls / run.finished_s),
+        "generator_cpu_us_per_value": round(generator_cpu * 1e6 / sent, 2) if sent else None,
+    }

@@ -11,7 +11,7 @@ from agent.runs.children import Stopped, stop_on_signals
 from tracehouse.bench.agent import bench_agent
 from tracehouse.bench.imports import bench_import, bench_import_kineto
 from tracehouse.bench.ingest import bench_ingest
-from tracehouse.bench.load import bench_load
+from tracehouse.bench.load import bench_fleet, bench_load
 from tracehouse.bench.query import bench_query
 
 
@@ -51,8 +51,22 @@ def _main(args: argparse.Namespace) -> int:
         result = bench_storage(args.gpus, args.minutes, 0.1, args.steps)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
+    if args.what == "load" and args.writers:
+        try:
+            result = bench_fleet(
+                args.writers, args.gpus, args.interval or 2.0, args.seconds, channels=args.channels,
+                max_pending_bytes=args.max_pending_bytes, kill_at=args.kill_at,
+            )  # fmt: skip
+        except ValueError as refused:
+            print(f"tracehouse: {refused}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=2))
+        return 0 if result["goal"]["met"] else 1
     if args.what == "load":
-        result = bench_load(args.agents, args.gpus, args.interval, args.seconds, args.max_pending_bytes)
+        if args.kill_at is not None:
+            print("tracehouse: --kill-at: only with --writers", file=sys.stderr)
+            return 2
+        result = bench_load(args.agents, args.gpus, args.interval or 0.1, args.seconds, args.max_pending_bytes)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
     if args.what == "export":

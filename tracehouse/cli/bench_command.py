@@ -47,10 +47,22 @@ def _add_bench(commands: Any) -> None:
     )
     train.add_argument("--rounds", type=_positive, default=5, help="(default %(default)s)")
     load = sub.add_parser("load", help="many simulated agents against one server: values/s, write latency, memory")
-    load.add_argument("--agents", type=_positive, default=32)
-    load.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs per agent")
-    load.add_argument("--interval", type=_seconds, default=0.1)
-    load.add_argument("--seconds", type=_seconds, default=60.0, help="how long the agents sample")
+    fleet = load.add_mutually_exclusive_group()
+    fleet.add_argument("--agents", type=_positive, default=32, help="real agents in the bench process (default 32)")
+    fleet.add_argument(
+        "--writers", type=_positive, default=None, help="agents' batches, encoded once and replayed over many channels"
+    )
+    load.add_argument("--gpus", type=_positive, default=8, help="simulated GPUs per agent or writer")
+    load.add_argument(
+        "--interval", type=_seconds, default=None, help="--agents: between samples (default 0.1); --writers: between "
+        "one writer's batches, each of 10 Hz samples (default 2)",
+    )  # fmt: skip
+    load.add_argument("--seconds", type=_seconds, default=60.0, help="how long the fleet sends")
+    load.add_argument("--channels", type=_positive, default=32, help="--writers: gRPC connections (default 32)")
+    load.add_argument(
+        "--kill-at", type=_seconds, default=None, metavar="SECONDS",
+        help="--writers: kill -9 the server this far into the run, and start it again 5 s later",
+    )  # fmt: skip
     load.add_argument(
         "--max-pending-bytes",
         type=_size,
