@@ -41,6 +41,7 @@ class Table:
     time_column: str = ""  # what --retention counts from; "" for tables kept for good
     shard_key: str = ""  # fixed sharding expression; "" follows --shards-by
     dedup: bool = True  # remember recent insert tokens, so a retried insert is stored once
+    settings: str = ""  # more table settings, `name = value, ...`
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,15 @@ class Statement:
     local_only: bool = False
 
 
-Step = Table | View | Alter | Statement
+@dataclass(frozen=True)
+class Drop:
+    """Drops a materialized view, or a table (on a cluster: its Distributed table and each node's local one)."""
+
+    name: str
+    view: bool = False
+
+
+Step = Table | View | Alter | Statement | Drop
 
 
 @dataclass(frozen=True)
@@ -186,8 +195,9 @@ def table_ddl(table: Table, layout: Layout) -> list[str]:
     ttls = _ttls(table, layout.retention.get(table.name, 0))
     if ttls:
         clauses.append(f"TTL {', '.join(ttls)}")
-    if table.dedup:
-        clauses.append(f"SETTINGS {dedup}")
+    settings = [setting for setting in (dedup if table.dedup else "", table.settings) if setting]
+    if settings:
+        clauses.append(f"SETTINGS {', '.join(settings)}")
     clauses.append(f"COMMENT {quote(table.comment)}")
     create = (
         f"CREATE TABLE IF NOT EXISTS {layout.local(table.name)}{layout.on_cluster()} (\n"
@@ -219,6 +229,10 @@ def render(step: Step, layout: Layout) -> list[str]:
         return view_ddl(step, layout)
     if isinstance(step, Alter):
         return [f"ALTER TABLE {layout.local(step.table)}{layout.on_cluster()} {step.clause}"]
+    if isinstance(step, Drop):
+        kind = "VIEW" if step.view else "TABLE"
+        names = [step.name] if step.view or not layout.cluster else [step.name, layout.local_name(step.name)]
+        return [f"DROP {kind} IF EXISTS {layout.db}.{name}{layout.on_cluster()} SYNC" for name in names]
     if step.local_only and layout.cluster:
         return []
     return [

@@ -353,7 +353,11 @@ class Store:
             if fresh:
                 group, storing = self._claimed[batches[fresh[0]].batch_id]
                 try:
-                    refused = {fresh[j]: error for j, error in self._store_group(client, group).items()}
+                    refused_here, taken = self._store_group(client, group)
+                    refused = {fresh[j]: error for j, error in refused_here.items()}
+                    for winner in {commit for commit in taken.values() if commit is not None}:
+                        self._finish(client, winner)  # its server may be gone: answer only once it is stored
+                    refused.update({fresh[j]: _ALREADY_CLAIMED for j in taken})
                 finally:
                     with self._write_lock:
                         for batch_id in group.batch_ids:
@@ -361,7 +365,9 @@ class Store:
                     storing.set()
         outcomes: list[WriteResult | StoreError] = []
         for i, batch in enumerate(batches):
-            if i in refused:
+            if refused.get(i) is _ALREADY_CLAIMED:
+                outcomes.append(WriteResult(duplicate=True, rows=batch.rows()))
+            elif i in refused:
                 outcomes.append(refused[i])
             elif batch.batch_id in stored:
                 outcome = _as_stored(batch, *stored[batch.batch_id])
@@ -419,15 +425,19 @@ class Store:
             raise
         _crash_point("pending")
 
-    def _store_group(self, client: Client, group: Group) -> dict[int, BatchRefused]:
-        """Insert the group's rows per table, then its ledger rows; the batches (by index) whose rows
-        the store refused. The same group stored again stores nothing twice: the inserts carry
-        its tokens, and a refusal is made again the same way."""
+    def _store_group(self, client: Client, group: Group) -> tuple[dict[int, BatchRefused], dict[int, int | None]]:
+        """Insert the group's rows per table, then its ledger rows. Returns the batches (by index)
+        whose rows the store refused, and those another group claimed first (the commit of the
+        one to finish, None when stored), which this group leaves out. The same group stored
+        again stores nothing twice: the inserts carry its tokens, and what is left out is worked
+        out again the same way."""
+        taken = self._taken_elsewhere(client, group)
         refused: dict[int, BatchRefused] = {}
         for table in TABLES:
             if table not in group.tables:
                 continue
-            data = group.without(set(refused), table) if refused else group.tables[table]
+            left_out = set(refused) | set(taken)
+            data = group.without(left_out, table) if left_out else group.tables[table]
             try:
                 if data.num_rows:
                     self._insert(client, table, data, group.token(table))
@@ -443,7 +453,7 @@ class Store:
                             refused[i] = alone
             _crash_point(f"table:{table}")
         _crash_point("tables")
-        kept = [i for i in range(len(group.batch_ids)) if i not in refused]
+        kept = [i for i in range(len(group.batch_ids)) if i not in refused and i not in taken]
         if kept:
             client.insert_arrow(
                 f"{self.db}.ingest_batches",
@@ -462,7 +472,30 @@ class Store:
         _crash_point("ledger")
         with self._done_lock:
             self._done.append(group.commit)
-        return refused
+        return refused, taken
+
+    def _taken_elsewhere(self, client: Client, group: Group) -> dict[int, int | None]:
+        """The group's batches that another group claimed before it, as the engine numbered the
+        claims' inserts (two servers that both found a batch unclaimed both claim it; the first
+        claim stores it), with that group's commit; or that are stored by now (None)."""
+        ids = list(group.batch_ids)
+        first: dict[str, int] = {
+            str(batch_id): int(commit)
+            for batch_id, commit in client.query(
+                f"SELECT batch_id, argMin(commit, _block_number) FROM {self.db}.ingest_pending "
+                "ARRAY JOIN batch_ids AS batch_id WHERE hasAny(batch_ids, {ids:Array(String)}) "
+                "AND batch_id IN {ids:Array(String)} GROUP BY batch_id",
+                parameters={"ids": ids},
+            ).result_rows
+        }
+        stored = self._ledger(client, ids)
+        taken: dict[int, int | None] = {}
+        for i, batch_id in enumerate(ids):
+            if batch_id in stored:
+                taken[i] = None
+            elif first.get(batch_id, group.commit) != group.commit:
+                taken[i] = first[batch_id]
+        return taken
 
     def _insert(self, client: Client, table: str, data: pa.Table, token: str) -> None:
         try:
@@ -511,7 +544,7 @@ class Store:
             return ()
         tables = decode_tables({table: data for table, data in zip(TABLES, payloads, strict=True) if data})
         group = Group(commit, _ns(received), tuple(batch_ids), tuple(digests), tuple(rows), tables)
-        log.warning("finishing group commit %d (%d batches) that a stopped server left unfinished", commit, len(rows))
+        log.warning("finishing group commit %d (%d batches), left unfinished by its server", commit, len(rows))
         self._store_group(client, group)
         return group.batch_ids
 
@@ -631,6 +664,7 @@ def without_materialized_cte(sql: str) -> str:
     return _MATERIALIZED_CTE.sub("AS (", sql).replace("\nSETTINGS enable_materialized_cte = 1", "")
 
 
+_ALREADY_CLAIMED = StoreError("claimed first by another group")  # a marker, never raised
 _PENDING_SCHEMA = pa.schema(
     [
         ("commit", pa.uint64()),

@@ -52,8 +52,12 @@ def test_bench_storage_measures_what_it_stored() -> None:
     assert samples["bytes_per_value"] == pytest.approx(samples["on_disk"] / samples["rows"], rel=1e-2)
     assert events["rows"] >= events["imported"] > 40 * 20
     assert events["compression"] == pytest.approx(events["uncompressed"] / events["compressed"], rel=1e-2)
-    summed = result["rollups"]["samples_1m"]["rows"]
-    assert 0 < summed < result["rollups"]["samples_1s"]["rows"] < samples["rows"]
+    rollups = result["rollups"]
+    assert list(rollups) == ["samples_10s", "samples_1m"]
+    assert 0 < rollups["samples_1m"]["rows"] < rollups["samples_10s"]["rows"] < samples["rows"] / 10
+    all_in = samples["on_disk"] + sum(sizes["on_disk"] for sizes in rollups.values())
+    assert result["all_in"]["bytes_per_value"] == pytest.approx(all_in / samples["rows"], rel=1e-2)
+    assert result["goal"]["met"] == (all_in / samples["rows"] <= 1.0 and events["compression"] >= 8.0)
 
 
 def test_bench_train_measures_calls_with_the_server_up_and_away() -> None:

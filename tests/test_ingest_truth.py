@@ -241,7 +241,7 @@ def test_a_server_killed_mid_write_ends_with_one_copy_once_the_agent_retries(tmp
         with Client(address) as client:
             after = client.sql(
                 "SELECT (SELECT count() FROM samples) AS s, (SELECT count() FROM events) AS e, "
-                "(SELECT sum(count) FROM samples_1s) AS rollup, (SELECT count() FROM ingest_batches) AS b"
+                "(SELECT sum(count) FROM samples_10s) AS rollup, (SELECT count() FROM ingest_batches) AS b"
             )
     assert stored == [batch.batch_id]
     assert [int(after[c][0]) for c in ("s", "e", "rollup", "b")] == [400_000, 300_000, 400_000, 1], after

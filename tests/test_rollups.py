@@ -1,4 +1,4 @@
-"""Rollups of samples per second and per minute: filled by materialized views, read by the
+"""Rollups of samples per 10 s and per minute: filled by materialized views, read by the
 series query, and their answers equal the raw samples' answers."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest.migrations import LATEST_VERSION
+from ingest import store as store_module
+from ingest.migrations import LATEST_VERSION, MIGRATIONS
+from ingest.schema import Drop, Layout, render
 from ingest.store import Store
 from query import sql
 from query.client import Client
@@ -84,7 +86,8 @@ def _check(frame: pd.DataFrame, expected: pd.DataFrame) -> None:
     [
         (T0, T0 + 3 * HOUR, 100),  # 2-minute buckets: the minute rollup
         (T0 + 1234 * MS, T0 + 2 * HOUR + 777 * MS, 600),  # edges inside a second: raw edges
-        (T0 + 59 * S + 1, T0 + HOUR + 20 * S, 1000),  # 5 s buckets: the second rollup
+        (T0 + 59 * S + 1, T0 + HOUR + 20 * S, 1000),  # 5 s buckets: raw samples
+        (T0 + 7 * S + 1, T0 + 2 * HOUR + 3 * S, 300),  # 30 s buckets: the 10 s rollup
         (T0 + HOUR - 30 * S, T0 + HOUR + 25 * 60 * S, 50),  # across the gap
         (T0 + 10 * S + 3, T0 + 70 * S, 300),  # 200 ms buckets: raw samples only
     ],
@@ -103,7 +106,8 @@ def test_which_rollup_a_series_reads() -> None:
     assert sql.rollup_for(T0, T0 + 3 * HOUR, 2 * minute) == sql.Rollup(
         "samples_1m", -(-T0 // minute) * minute, (T0 + 3 * HOUR) // minute * minute
     )
-    assert sql.rollup_for(T0 + 1, T0 + HOUR, 5 * S).table == "samples_1s"  # type: ignore[union-attr]
+    assert sql.rollup_for(T0 + 1, T0 + HOUR, 30 * S).table == "samples_10s"  # type: ignore[union-attr]
+    assert sql.rollup_for(T0 + 1, T0 + HOUR, 5 * S) is None  # finer than the 10 s rollup
     assert sql.rollup_for(T0, T0 + 10 * S, 200 * MS) is None  # finer than a second
     assert sql.rollup_for(T0 + 1, T0 + S - 1, S) is None  # no whole second inside
 
@@ -122,21 +126,26 @@ def test_rollup_tables_hold_exact_aggregates_and_resends_count_once(
 ) -> None:
     _write(ingest, telemetry)  # every batch again: duplicates, stored once
     for table, span in sql.ROLLUPS:
-        got = store.query(
-            f"SELECT gpu, pid, metric, toUnixTimestamp64Nano(ts) AS bucket, min(min) AS lo, max(max) AS hi, "
-            f"sum(count) AS n, sum(sum) AS total FROM {{db}}.{table} GROUP BY gpu, pid, metric, ts"
-        ).to_pandas()
-        expected = (
-            telemetry.assign(bucket=telemetry["ts"] // span * span)
-            .groupby(["gpu", "pid", "metric", "bucket"])["value"]
-            .agg(lo="min", hi="max", n="count", total="sum")
-            .reset_index()
-        )
-        merged = expected.merge(got, on=["gpu", "pid", "metric", "bucket"], how="outer", suffixes=("", "_got"))
-        assert len(merged) == len(expected) == len(got)
-        assert (merged["n"] == merged["n_got"]).all()
-        assert (merged["lo"] == merged["lo_got"]).all() and (merged["hi"] == merged["hi_got"]).all()
-        assert np.allclose(merged["total"], merged["total_got"], rtol=1e-12)
+        _check_rollup(store, table, span, telemetry)
+
+
+def _check_rollup(store: Store, table: str, span: int, data: pd.DataFrame) -> None:
+    """The rollup holds min, max, count and sum of `data` per series and `span`."""
+    got = store.query(
+        f"SELECT gpu, pid, metric, toUnixTimestamp64Nano(ts) AS bucket, min(min) AS lo, max(max) AS hi, "
+        f"sum(count) AS n, sum(sum) AS total FROM {{db}}.{table} GROUP BY gpu, pid, metric, ts"
+    ).to_pandas()
+    expected = (
+        data.assign(bucket=data["ts"] // span * span)
+        .groupby(["gpu", "pid", "metric", "bucket"])["value"]
+        .agg(lo="min", hi="max", n="count", total="sum")
+        .reset_index()
+    )
+    merged = expected.merge(got, on=["gpu", "pid", "metric", "bucket"], how="outer", suffixes=("", "_got"))
+    assert len(merged) == len(expected) == len(got)
+    assert (merged["n"] == merged["n_got"]).all()
+    assert (merged["lo"] == merged["lo_got"]).all() and (merged["hi"] == merged["hi_got"]).all()
+    assert np.allclose(merged["total"], merged["total_got"], rtol=1e-12)
 
 
 def test_migration_fills_rollups_from_samples_stored_before(
@@ -193,9 +202,13 @@ def test_rollups_outlive_raw_samples(short_lived: tuple[Store, Client, ingest_pb
 def test_a_half_written_batch_written_again_is_rolled_up_once(
     store: Store, ingest: ingest_pb2_grpc.IngestStub, telemetry: pd.DataFrame
 ) -> None:
-    """The ledger forgets the batches (as after a failure between the inserts and the ledger's
-    row); writing them again goes past it to the inserts, whose views deduplicate with them."""
+    """The groups that stored the batches are left as a failure between the inserts and the ledger
+    leaves them: no ledger rows, not marked done. Writing the batches again finishes the groups:
+    their inserts again, whose views deduplicate with them."""
     store.execute("TRUNCATE TABLE {db}.ingest_batches")
+    store.execute("DELETE FROM {db}.ingest_pending WHERE done = 1")
+    store._done.clear()
+    assert store.query("SELECT count() AS n FROM {db}.ingest_pending").column("n")[0].as_py() > 0
     _write(ingest, telemetry)
     assert store.query("SELECT count() AS n FROM {db}.samples").column("n")[0].as_py() == len(telemetry)
     for table, _ in sql.ROLLUPS:
@@ -226,3 +239,57 @@ def test_an_open_window_over_expired_raw_samples_answers_from_rollups(
     minute = 60 * S
     assert frame["count"].sum() == len(data[(data["gpu"] == 1) & (data["metric"] == "gpu.util")])
     assert int(frame["bucket_start"].iloc[0].value) <= int(data["ts"].min()) // minute * minute
+
+
+def test_an_upgrade_rolls_the_second_rollup_up_per_10_s_and_keeps_what_raw_samples_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of the previous version (schema v4, a rollup per second) whose first hour of raw samples
+    --retention has taken, upgraded after a crash that came between migration 5's steps and its record:
+    the 10 s rollup holds every sample once, from the rollup per second, which is then gone."""
+    import grpc
+
+    url = f"chdb://{tmp_path / 'store'}"
+    data = _telemetry()
+    with monkeypatch.context() as previous:
+        previous.setattr(store_module, "MIGRATIONS", MIGRATIONS[:4])
+        previous.setattr(store_module, "LATEST_VERSION", 4)
+        with Store.open(url, DEFAULT_LIMITS) as old:
+            server = create_server(old, "127.0.0.1:0", DEFAULT_LIMITS)
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                _write(ingest_pb2_grpc.IngestStub(channel), data)
+            server.stop(5)
+            hour = f"fromUnixTimestamp64Nano({T0 + HOUR})"
+            old.execute(f"ALTER TABLE {{db}}.samples DELETE WHERE ts < {hour} SETTINGS mutations_sync = 1")
+            assert old.query("SELECT count() AS n FROM {db}.samples_1s").column("n")[0].as_py() > 0
+            for step in MIGRATIONS[4].steps:  # migration 5, not recorded: as if it crashed there
+                for statement in render(step, old.layout):
+                    old.execute(statement)
+    with Store.open(url, DEFAULT_LIMITS) as store:
+        assert store.schema_version() == LATEST_VERSION
+        tables = store.query("SELECT name FROM system.tables WHERE database = 'tracehouse'").column(0).to_pylist()
+        assert "samples_10s" in tables and "samples_10s_mv" in tables
+        assert "samples_1s" not in tables and "samples_1s_mv" not in tables
+        _check_rollup(store, "samples_10s", 10 * S, data)
+        codec = store.query(
+            "SELECT compression_codec FROM system.columns WHERE database = 'tracehouse' AND table = 'samples' "
+            "AND name = 'value'"
+        )
+        assert codec.column(0)[0].as_py() == "CODEC(Delta(8), ZSTD(9))"
+        server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
+        try:
+            with Client(f"127.0.0.1:{server.port}", timeout=30) as client:
+                start, end = -(-T0 // (10 * S)) * 10 * S, T0 + HOUR - 10 * S  # whole 10 s rows, raw samples gone
+                frame = client.series("proc.mem", max_points=150, host="host-a", start=start, end=end)
+                assert frame.attrs["bucket_ns"] == 30 * S
+                _check(frame, _oracle(data[data["metric"] == "proc.mem"], start, end, 30 * S))
+        finally:
+            server.stop(5)
+
+
+def test_the_second_rollup_is_dropped_on_every_node() -> None:
+    assert render(Drop("samples_1s"), Layout(cluster="c")) == [
+        "DROP TABLE IF EXISTS `tracehouse`.samples_1s ON CLUSTER 'c' SYNC",
+        "DROP TABLE IF EXISTS `tracehouse`.samples_1s_local ON CLUSTER 'c' SYNC",
+    ]
+    assert render(Drop("samples_1s_mv", view=True), Layout()) == ["DROP VIEW IF EXISTS `tracehouse`.samples_1s_mv SYNC"]

@@ -17,7 +17,7 @@ from tracehouse.model import DEFAULT_LIMITS
 
 LAYOUTS = [
     Layout(),
-    Layout("telemetry", retention={"samples": 30 * 86400, "samples_1s": 86400, "samples_1m": 365 * 86400}),
+    Layout("telemetry", retention={"samples": 30 * 86400, "samples_10s": 86400, "samples_1m": 365 * 86400}),
     Layout(cluster="tracehouse"),
     Layout("gpu_fleet", cluster="prod_2x2", shards_by="run_id", retention={"events": 90 * 86400}),
 ]
@@ -34,7 +34,7 @@ def test_every_statement_parses(store: Store, layout: Layout) -> None:
     assert statements
     for statement in statements:
         formatted = _parses(store, statement)
-        assert formatted.split()[0] in ("CREATE", "ALTER", "INSERT", "TRUNCATE")
+        assert formatted.split()[0] in ("CREATE", "ALTER", "INSERT", "TRUNCATE", "DROP")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[::2], ids=("one", "cluster"))
@@ -68,7 +68,8 @@ def test_cluster_tables_are_replicated_and_distributed() -> None:
     samples = next(s for s in statements if "'samples_local', " in s)
     assert samples.rstrip().endswith("cityHash64(run_id))")
     views = [s for s in statements if "MATERIALIZED VIEW" in s]
-    assert len(views) == 2 and all("FROM `gpu_fleet`.samples_local" in v for v in views)
+    # per 1 s (migration 2, dropped by 5), per 1 min, per 10 s
+    assert len(views) == 3 and all("FROM `gpu_fleet`.samples_local" in v for v in views)
 
 
 def test_script_builds_a_store_that_serve_takes_as_is(tmp_path: Path) -> None:
@@ -99,15 +100,15 @@ def test_retention_is_set_changed_and_removed(tmp_path: Path, caplog: pytest.Log
     retention = parse_retention(["samples=30d", "rollups=1y"], RETENTION_NAMES)
     first = ttls()
     assert first["samples"] == "toDateTime(ts) + toIntervalSecond(2592000)"
-    assert first["samples_1m"] == first["samples_1s"] == "toDateTime(ts) + toIntervalSecond(31536000)"
+    assert first["samples_1m"] == first["samples_10s"] == "toDateTime(ts) + toIntervalSecond(31536000)"
     assert first["events"] == "" and first["ingest_batches"] == "toDateTime(received) + toIntervalDay(90)"
     caplog.clear()
     assert ttls() == first
     assert "retention of" not in caplog.text  # unchanged: no ALTER, which would rewrite the tables
-    retention = parse_retention(["samples=2w", "samples_1s=forever"], RETENTION_NAMES)
+    retention = parse_retention(["samples=2w", "samples_10s=forever"], RETENTION_NAMES)
     second = ttls()
     assert second["samples"] == "toDateTime(ts) + toIntervalSecond(1209600)"
-    assert second["samples_1s"] == ""
+    assert second["samples_10s"] == ""
     assert second["samples_1m"] == first["samples_1m"]  # not named: kept as it was
 
 
@@ -132,10 +133,10 @@ def test_bad_retention_is_refused(entry: str, reason: str, capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("entries", "reason"),
     [
-        (["rollups=1h"], "samples_1s=1h would expire before samples (not given)"),
-        (["samples=30d", "rollups=1w"], "samples_1s=1w would expire before samples (30d)"),
-        (["samples=30d", "samples_1s=90d", "samples_1m=30d"], "samples_1m=30d would expire before samples_1s (90d)"),
-        (["samples=30d", "samples_1m=1y"], "samples_1m=1y would expire before samples_1s (not given)"),
+        (["rollups=1h"], "samples_10s=1h would expire before samples (not given)"),
+        (["samples=30d", "rollups=1w"], "samples_10s=1w would expire before samples (30d)"),
+        (["samples=30d", "samples_10s=90d", "samples_1m=30d"], "samples_1m=30d would expire before samples_10s (90d)"),
+        (["samples=30d", "samples_1m=1y"], "samples_1m=1y would expire before samples_10s (not given)"),
     ],
 )
 def test_a_rollup_kept_shorter_than_what_it_sums_up_is_refused(entries: list[str], reason: str) -> None:
@@ -144,10 +145,10 @@ def test_a_rollup_kept_shorter_than_what_it_sums_up_is_refused(entries: list[str
 
 
 def test_retention_with_rollups_kept_longer() -> None:
-    assert retention(["samples=30d", "samples_1s=90d", "samples_1m=1y", "events=forever"]) == {
-        "samples": 30 * 86400, "samples_1s": 90 * 86400, "samples_1m": 365 * 86400, "events": 0
+    assert retention(["samples=30d", "samples_10s=90d", "samples_1m=1y", "events=forever"]) == {
+        "samples": 30 * 86400, "samples_10s": 90 * 86400, "samples_1m": 365 * 86400, "events": 0
     }  # fmt: skip
-    assert retention(["samples=2w", "rollups=forever"]) == {"samples": 14 * 86400, "samples_1s": 0, "samples_1m": 0}
+    assert retention(["samples=2w", "rollups=forever"]) == {"samples": 14 * 86400, "samples_10s": 0, "samples_1m": 0}
 
 
 def test_schema_command_prints_statements_and_refuses_bad_names(capsys: pytest.CaptureFixture[str]) -> None:

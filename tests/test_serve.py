@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,15 +27,15 @@ LISTENING = re.compile(r"listening on [\d.]+:(\d+)")
 
 @contextmanager
 def serve(
-    *args: str, home: Path, listen: str = "127.0.0.1:0"
+    *args: str, home: Path, listen: str = "127.0.0.1:0", env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
-    """Start `tracehouse serve` (on a free port by default); yield (process, address, log lines)."""
-    env = {**os.environ, "TRACEHOUSE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    """Start `tracehouse serve` (on a free port by default), with `env` added to the environment;
+    yield (process, address, log lines)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "tracehouse.cli.main", "serve", "--listen", listen, *args],
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env={**os.environ, "TRACEHOUSE_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert process.stderr is not None
     lines: list[str] = []

@@ -42,7 +42,7 @@ def lane_of(kind: str) -> str:
 
 
 # Rollups of `samples`, by the seconds one row sums up.
-ROLLUP_SECONDS = {"samples_1s": 1, "samples_1m": 60}
+ROLLUP_SECONDS = {"samples_10s": 10, "samples_1m": 60}
 
 NO_GPU = -1  # gpu column value for rows not tied to one GPU
 NO_STREAM = -1

@@ -1,4 +1,4 @@
-"""`tracehouse bench storage`: bytes on disk per sample value and per event.
+"""`tracehouse bench storage`: bytes on disk per sample value (raw, each rollup, all in) and per event.
 
 Telemetry comes from the agent's own sampler over the simulated backend on a simulated
 clock (so an hour of 8 GPUs at 10 Hz takes minutes to make, with the lateness of real ticks);
@@ -28,11 +28,11 @@ from agent.traces.nsys_synthetic import Spec, write_export
 from ingest.store import Store
 from ingest.validate import validate_batch
 from tracehouse.cli.serve import create_server
-from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
 from tracehouse.timefmt import NS_PER_S
 from tracehouse.v1 import ingest_pb2
 
-GOAL_BYTES_PER_SAMPLE = 1.5
+GOAL_BYTES_PER_VALUE = 1.0  # raw samples and every rollup of them together
 GOAL_EVENT_COMPRESSION = 8.0
 T0 = 1_790_000_000 * NS_PER_S
 
@@ -112,9 +112,10 @@ def bench_storage(gpus: int, minutes: float, interval: float, steps: int) -> dic
         events = synthetic_events(store, steps)
         samples = on_disk(store, "samples")
         stored_events = on_disk(store, "events")
-        rollups = {table: on_disk(store, table) for table in ("samples_1s", "samples_1m")}
+        rollups = {table: on_disk(store, table) for table in ROLLUP_SECONDS}
         parquet = {table: parquet_bytes(store, table, Path(folder)) for table in ("samples", "events")}
     per_value = samples["on_disk"] / samples["rows"]
+    all_in = samples["on_disk"] + sum(sizes["on_disk"] for sizes in rollups.values())
     compression = stored_events["uncompressed"] / stored_events["compressed"]
     return {
         **_stamp("storage", "chdb"),
@@ -126,9 +127,9 @@ def bench_storage(gpus: int, minutes: float, interval: float, steps: int) -> dic
             "ratio_to_parquet": round(samples["on_disk"] / parquet["samples"], 3),
         },
         "rollups": {
-            table: sizes | {"bytes_per_value_summed": round(sizes["on_disk"] / values, 4)}
-            for table, sizes in rollups.items()
+            table: sizes | {"bytes_per_value": round(sizes["on_disk"] / values, 4)} for table, sizes in rollups.items()
         },
+        "all_in": {"on_disk": all_in, "bytes_per_value": round(all_in / values, 3)},
         "events": stored_events
         | {
             "imported": events,
@@ -137,8 +138,8 @@ def bench_storage(gpus: int, minutes: float, interval: float, steps: int) -> dic
             "parquet_zstd_bytes_per_event": round(parquet["events"] / stored_events["rows"], 2),
         },
         "goal": {
-            "bytes_per_value": GOAL_BYTES_PER_SAMPLE,
+            "bytes_per_value_all_in": GOAL_BYTES_PER_VALUE,
             "event_compression": GOAL_EVENT_COMPRESSION,
-            "met": per_value <= GOAL_BYTES_PER_SAMPLE and compression >= GOAL_EVENT_COMPRESSION,
+            "met": all_in / values <= GOAL_BYTES_PER_VALUE and compression >= GOAL_EVENT_COMPRESSION,
         },
     }
