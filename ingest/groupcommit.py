@@ -17,30 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ingest.commitpolicy import CommitPolicy
 from ingest.store import Store, StoreError, StoreUnavailable, WriteResult
 from ingest.validate import ValidatedBatch
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL_S = 0.2
-DEFAULT_MAX_ROWS = 1_000_000  # below the engine's max_insert_block_size: one block, one part per insert
 SWEEP_S = 10.0
 STORING_AT_ONCE = 2  # one group's rows go to the engine while the next is claimed
 UNFINISHED_AFTER_S = 30.0  # a group unfinished for longer than this lost its server
-
-
-@dataclass(frozen=True)
-class CommitPolicy:
-    """When a group is stored: `interval_s` after the one before, or once `max_rows` rows wait."""
-
-    interval_s: float = DEFAULT_INTERVAL_S
-    max_rows: int = DEFAULT_MAX_ROWS
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.interval_s <= 60:
-            raise ValueError(f"commit interval: {self.interval_s * 1000:g} ms is not within 0..60000 ms")
-        if self.max_rows <= 0:
-            raise ValueError(f"commit rows: {self.max_rows} is not above 0")
 
 
 @dataclass

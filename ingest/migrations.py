@@ -233,6 +233,18 @@ GROUP BY run_id, host, gpu, pid, metric, bucket
 """
 
 
+def rollup_of_rollup_view(seconds: int) -> str:
+    """`rollup_of_rollup_select` as a view's query: its columns named as the rollup tables name theirs."""
+    ns = seconds * 1_000_000_000
+    return f"""
+SELECT run_id, host, gpu, pid, metric,
+       fromUnixTimestamp64Nano(intDiv(toUnixTimestamp64Nano(ts), {ns}) * {ns}, 'UTC') AS ts,
+       min(min) AS min, max(max) AS max, sum(sum) AS sum, sum(count) AS count
+FROM {{source}}
+GROUP BY run_id, host, gpu, pid, metric, ts
+"""
+
+
 ROLLUPS = {name: _rollup(name, seconds) for name, seconds in ROLLUP_SECONDS.items()}
 # what migration 2 made (it shipped, so it keeps making it): a rollup per second and per minute
 SHIPPED_ROLLUP_SECONDS = {"samples_1s": 1, "samples_1m": 60}
@@ -303,6 +315,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # apart from migration 5, so that a rerun of 5 still finds the table it fills from
     Migration(6, "the rollup per second dropped", (Drop("samples_1s"),)),
+    Migration(
+        7,
+        "the minute rollup summed up from the 10 s one",
+        (
+            # its view reads the 10 s rollup's rows, a hundredth of the samples at 10 Hz: half the CPU the
+            # views took per stored value; the rows it makes are the same (min of mins, sums of sums)
+            Drop("samples_1m_mv", view=True),
+            View("samples_1m_mv", "samples_10s", "samples_1m", rollup_of_rollup_view(60)),
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -580,3 +580,14 @@ def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting: {what}"
         time.sleep(0.02)
+
+
+def test_the_cli_starts_no_thread_before_it_blocks_the_signals_it_forwards() -> None:
+    """A thread started at import (the store's libraries start some) would leave SIGTERM and SIGINT
+    unblocked in it: sent to `tracehouse run`, they would kill it there instead of reaching the command."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import os, sys, tracehouse.cli.main; print(len(os.listdir('/proc/self/task')), "
+         "sorted({'clickhouse_connect', 'pyarrow', 'chdb'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True, env=run_env(Path("/nonexistent")),
+    )  # fmt: skip
+    assert found.stdout.split(None, 1) == ["1", "[]\n"], found.stdout

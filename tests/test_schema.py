@@ -68,8 +68,9 @@ def test_cluster_tables_are_replicated_and_distributed() -> None:
     samples = next(s for s in statements if "'samples_local', " in s)
     assert samples.rstrip().endswith("cityHash64(run_id))")
     views = [s for s in statements if "MATERIALIZED VIEW" in s]
-    # per 1 s (migration 2, dropped by 5), per 1 min, per 10 s
-    assert len(views) == 3 and all("FROM `gpu_fleet`.samples_local" in v for v in views)
+    # per 1 s (migration 2, dropped by 5), per 1 min (made again from the 10 s one by 7), per 10 s
+    assert len(views) == 4 and all("FROM `gpu_fleet`.samples_local" in v for v in views[:3])
+    assert "TO `gpu_fleet`.samples_1m_local" in views[3] and "FROM `gpu_fleet`.samples_10s_local" in views[3]
 
 
 def test_script_builds_a_store_that_serve_takes_as_is(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES
-from ingest.groupcommit import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
+from ingest.commitpolicy import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
 from tracehouse import __version__, config
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,

@@ -1,0 +1,24 @@
+"""When the Ingest service stores the batches waiting as one group (ingest/groupcommit.py). Apart
+from it, so that the CLI reads the defaults without loading the store (whose libraries start
+threads at import, which `tracehouse run` must not have before it blocks the signals it forwards)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_INTERVAL_S = 0.2
+DEFAULT_MAX_ROWS = 1_000_000  # below the engine's max_insert_block_size: one block, one part per insert
+
+
+@dataclass(frozen=True)
+class CommitPolicy:
+    """When a group is stored: `interval_s` after the one before, or once `max_rows` rows wait."""
+
+    interval_s: float = DEFAULT_INTERVAL_S
+    max_rows: int = DEFAULT_MAX_ROWS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.interval_s <= 60:
+            raise ValueError(f"commit interval: {self.interval_s * 1000:g} ms is not within 0..60000 ms")
+        if self.max_rows <= 0:
+            raise ValueError(f"commit rows: {self.max_rows} is not above 0")
