@@ -238,6 +238,18 @@ class Tier:
         self._killed.add(index)
 
 
+def server_store_counts(port: int) -> dict[str, int]:
+    """COUNTS_SQL on the stand-in ClickHouse server at `port`."""
+    client = clickhouse_connect.get_client(
+        host="127.0.0.1", port=port, username=USER, password=PASSWORD, database="tracehouse"
+    )
+    try:
+        row = client.query(COUNTS_SQL)
+        return {name: int(value) for name, value in zip(row.column_names, row.result_rows[0], strict=True)}
+    finally:
+        client.close()
+
+
 def test_two_servers_over_one_store_with_kills_store_every_batch_once(tmp_path: Path) -> None:
     """One writer, 16 calls in flight, each retry to the other server; the first server dies at a point of
     its first group commit by itself, then each in turn is killed (-9) while it holds calls in flight and
@@ -267,14 +279,7 @@ def test_two_servers_over_one_store_with_kills_store_every_batch_once(tmp_path: 
                     killed.append(index)
             time.sleep(0.01)
         join(lanes)
-        client = clickhouse_connect.get_client(
-            host="127.0.0.1", port=port, username=USER, password=PASSWORD, database="tracehouse"
-        )
-        try:
-            row = client.query(COUNTS_SQL)
-            stored = {name: int(value) for name, value in zip(row.column_names, row.result_rows[0], strict=True)}
-        finally:
-            client.close()
+        stored = server_store_counts(port)
         logs = "".join(tier.logs[0])
     assert sender.refused == []
     assert len(sender.acknowledged) == len(batches), "every batch acknowledged"
@@ -309,14 +314,7 @@ def test_a_batch_claimed_by_two_paused_servers_is_stored_once(tmp_path: Path) ->
             paused.send_signal(signal.SIGCONT)
             pauses += 1
         join(lanes)
-        client = clickhouse_connect.get_client(
-            host="127.0.0.1", port=port, username=USER, password=PASSWORD, database="tracehouse"
-        )
-        try:
-            row = client.query(COUNTS_SQL)
-            stored = {name: int(value) for name, value in zip(row.column_names, row.result_rows[0], strict=True)}
-        finally:
-            client.close()
+        stored = server_store_counts(port)
     assert len(sender.acknowledged) == len(batches) and pauses >= 5
     assert sender.attempts > len(batches), "pauses met calls in flight, which were sent again"
     wanted = expected(batches)

@@ -42,7 +42,7 @@ def pushback_seconds(error: grpc.RpcError) -> float | None:
     """How long a RESOURCE_EXHAUSTED answer asks the writer to wait before trying again
     (the server's `grpc-retry-pushback-ms` trailer); None for another status, or without a
     usable hint: none, or a negative one (gRFC A6's "do not retry this call")."""
-    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if not isinstance(error, grpc.Call | grpc.aio.AioRpcError) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
     for key, value in error.trailing_metadata() or ():
         if key == PUSHBACK_KEY:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from agent.shipping.shipper import PERMANENT, UNHINTED_PUSHBACK_S
+from agent.shipping.shipper import PERMANENT, UNHINTED_PUSHBACK_S, pushback_seconds
 from tracehouse.bench.payloads import FleetBatches
-from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
+from tracehouse.pushback import TRANSPORT_MAX_BYTES
 from tracehouse.v1 import ingest_pb2
 
 WRITE = "/tracehouse.v1.Ingest/Write"
@@ -153,16 +153,9 @@ class _Replayer:
 
 
 def _pushback_s(error: grpc.aio.AioRpcError) -> float:
-    """The pause a RESOURCE_EXHAUSTED answer asks for (tracehouse/pushback.py), as the agent takes it."""
-    for key, value in error.trailing_metadata() or ():
-        if key == PUSHBACK_KEY:
-            try:
-                milliseconds = int(value)
-            except (TypeError, ValueError):
-                break
-            if milliseconds >= 0:
-                return milliseconds / 1000
-    return UNHINTED_PUSHBACK_S
+    """The pause a RESOURCE_EXHAUSTED answer asks for, as the agent reads it; 1 s without a usable hint."""
+    asked = pushback_seconds(error)
+    return UNHINTED_PUSHBACK_S if asked is None else asked
 
 
 def sink() -> None:
