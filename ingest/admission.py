@@ -1,11 +1,18 @@
-"""Admission control for writes: a bound on the bytes the server has accepted but not yet
-stored, and one on the writes in flight. A write that would pass either is refused at once,
-before any of it is validated or stored, with a retry hint; so when the store falls behind,
-the agents wait and spool on their own disks and the server's memory stays bounded.
+"""Admission control for writes: bounds on the bytes the server has accepted but not yet stored,
+on the writes in flight, and on how long a write would wait. A write that would pass any is refused
+at once, before any of it is validated or stored, with a retry hint; so when the store falls behind,
+the agents wait and spool on their own disks, the server's memory stays bounded, and the writes it
+takes are answered well within the writers' deadlines.
 
 The bound on calls is below the server's worker threads: a write waiting for the store holds
 its worker, and were every worker held, further writes would wait in gRPC's queue, uncounted
 and unanswered, until their deadline. With workers to spare they are refused in a moment.
+
+The wait is foreseen from the bytes in flight and the pace at which writes have been finishing over
+the last seconds (Little's law): a write is refused when what is ahead of it, and itself, would take
+longer than `target_ms` at that pace. That bound holds only while the writes of the last seconds took
+more than half the target on average: until then the store keeps up, and the pace is what writers
+offer, not what the store can do. Until writes have finished lately, at most FIRST_CALLS are taken.
 
 A write is always admitted when nothing else is in flight, so a batch larger than the
 bound still goes through, alone.
@@ -13,20 +20,23 @@ bound still goes through, alone.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tracehouse.pushback import BEHIND
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 DEFAULT_MAX_CALLS = 12  # when not given: create_server gives three in four of its worker threads
+DEFAULT_TARGET_MS = 3_000  # a third of an agent's call timeout: the slowest writes wait about twice the target
+FIRST_CALLS = 256  # writes taken at once while the pace is unknown
+PACE_WINDOW_S = 3.0  # writes finished this long ago or less set the pace
+FIRST_WRITE_MS = 100  # what a write is taken to last while the pace is unknown
 MIN_RETRY_MS = 20
-MAX_RETRY_MS = 5_000
-_FIRST_WRITE_MS = 100.0  # what a write is assumed to take until one has been timed
-_SMOOTHING = 0.2  # weight of the latest write in the running mean of write times
+MAX_RETRY_MS = 10_000
 
 
 class Overloaded(Exception):
@@ -48,56 +58,103 @@ class AdmissionCounts:
 
 
 class Admission:
-    """At most `max_bytes` bytes and `max_calls` writes in flight. `max_calls` must be below
-    the server's worker threads, so that some are left to refuse the writes beyond it."""
+    """At most `max_bytes` bytes and `max_calls` writes in flight, and no more than are stored within
+    `target_ms` at the recent pace. `max_calls` must be below the server's worker threads, so that some
+    are left to refuse the writes beyond it."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_PENDING_BYTES, max_calls: int = DEFAULT_MAX_CALLS) -> None:
+    def __init__(
+        self, max_bytes: int = DEFAULT_MAX_PENDING_BYTES, max_calls: int = DEFAULT_MAX_CALLS,
+        target_ms: float = DEFAULT_TARGET_MS, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be above 0, not {max_bytes}")
         if max_calls <= 0:
             raise ValueError(f"max_calls must be above 0, not {max_calls}")
+        if target_ms <= 0:
+            raise ValueError(f"target_ms must be above 0, not {target_ms}")
         self.max_bytes = max_bytes
         self.max_calls = max_calls
+        self.target_ms = target_ms
+        self._clock = clock
         self._lock = threading.Lock()
         self._bytes = 0
         self._calls = 0
         self._peak = 0
         self._admitted = 0
         self._refused = 0
-        self._write_ms = _FIRST_WRITE_MS
+        self._finished: collections.deque[tuple[float, int, float]] = collections.deque()  # (when, bytes, took)
+        self._turned_away: collections.deque[float] = collections.deque()  # when
+        self._first_finished = 0.0
 
     @contextlib.contextmanager
-    def admit(self, size: int) -> Iterator[None]:
-        """Hold `size` bytes of the bound and one call while the block runs; Overloaded when
-        they do not fit."""
+    def admit(self, size: int, deadline_s: float | None = None) -> Iterator[None]:
+        """Hold `size` bytes of the bound and one call while the block runs; Overloaded when they do
+        not fit, or would wait longer than `target_ms` or a third of the caller's `deadline_s` (its time
+        left)."""
+        target_ms = self.target_ms if deadline_s is None else min(self.target_ms, deadline_s * 1000 / 3)
         with self._lock:
-            if self._calls and (self._bytes + size > self.max_bytes or self._calls >= self.max_calls):
-                self._refused += 1
-                retry_ms = self._retry_ms(size)
-                raise Overloaded(
-                    f"{BEHIND}: {self._bytes} bytes of {self._calls} writes wait to be stored, the limits are "
-                    f"{self.max_bytes} bytes (--max-pending-bytes) and {self.max_calls} writes; "
-                    f"retry in {retry_ms} ms",
-                    retry_ms,
-                )
+            now = self._clock()
+            pace = self._pace(now)  # bytes stored per second lately; None: unknown
+            if self._calls:
+                wait_ms = None if pace is None else (self._bytes + size) / pace * 1000
+                if wait_ms is not None and self._mean_took_ms() <= target_ms / 2:
+                    wait_ms = None  # the store keeps up
+                if (
+                    self._bytes + size > self.max_bytes
+                    or self._calls >= (self.max_calls if pace else min(self.max_calls, FIRST_CALLS))
+                    or (wait_ms is not None and wait_ms > target_ms)
+                ):
+                    self._refused += 1
+                    retry_ms = self._retry_ms(size, pace, now, target_ms)
+                    raise Overloaded(
+                        f"{BEHIND}: {self._bytes} bytes of {self._calls} writes wait to be stored"
+                        + (f", about {wait_ms / 1000:.1f} s of work" if wait_ms is not None else "")
+                        + f"; the limits are {self.max_bytes} bytes (--max-pending-bytes), {self.max_calls} "
+                        f"writes and {target_ms / 1000:g} s (--ack-target-ms, or a third of the call's deadline); "
+                        f"retry in {retry_ms} ms",
+                        retry_ms,
+                    )
             self._bytes += size
             self._calls += 1
             self._admitted += 1
             self._peak = max(self._peak, self._bytes)
-        started = time.monotonic()
+        started = self._clock()
         try:
             yield
         finally:
-            elapsed_ms = (time.monotonic() - started) * 1000
             with self._lock:
                 self._bytes -= size
                 self._calls -= 1
-                self._write_ms += _SMOOTHING * (elapsed_ms - self._write_ms)
+                now = self._clock()
+                if not self._finished:
+                    self._first_finished = now
+                self._finished.append((now, size, now - started))
 
-    def _retry_ms(self, size: int) -> int:
-        """About one write's time, scaled by how far over a bound this write would go."""
-        over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / self.max_calls)
-        return int(min(MAX_RETRY_MS, max(MIN_RETRY_MS, self._write_ms * over)))
+    def _pace(self, now: float) -> float | None:
+        while self._finished and self._finished[0][0] < now - PACE_WINDOW_S:
+            self._finished.popleft()
+        if not self._finished:
+            return None
+        # over the whole window once writes have finished for that long; never under a second,
+        # since the writes of a group commit finish together
+        span = min(PACE_WINDOW_S, max(1.0, now - self._first_finished))
+        return sum(size for _, size, _ in self._finished) / span
+
+    def _mean_took_ms(self) -> float:
+        return sum(took for _, _, took in self._finished) / max(1, len(self._finished)) * 1000
+
+    def _retry_ms(self, size: int, pace: float | None, now: float, target_ms: float) -> int:
+        """The time until this write would fit at the recent pace, stretched by how many writers were
+        turned away lately per write finished (so that they come back spread out, not all at once)."""
+        self._turned_away.append(now)
+        while self._turned_away[0] < now - PACE_WINDOW_S:
+            self._turned_away.popleft()
+        if pace is None:  # as long as a write is taken to last at first, times how far over the bounds
+            over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / min(self.max_calls, FIRST_CALLS))
+            return int(min(MAX_RETRY_MS, FIRST_WRITE_MS * over))
+        room_ms = max(MIN_RETRY_MS, (self._bytes + size) / pace * 1000 - target_ms / 2)
+        crowd = 1 + len(self._turned_away) / max(1, len(self._finished))
+        return int(min(MAX_RETRY_MS, room_ms * crowd))
 
     def counts(self) -> AdmissionCounts:
         with self._lock:

@@ -36,7 +36,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
         grant = CALLER.get()
         try:
-            with self.admission.admit(len(encoded) or request.ByteSize()):
+            with self.admission.admit(len(encoded) or request.ByteSize(), context.time_remaining()):
                 received = now_ns()
                 as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
                 batch = validate_batch(request.batch, self.store.limits, received, as_sent, grant.namespace)

@@ -134,14 +134,19 @@ def test_a_batch_refused_as_malformed_is_not_sent_again(answers: Answers) -> Non
 def test_the_report_counts_lost_and_duplicated_values_batch_by_batch() -> None:
     batches = FleetBatches(writers=2, gpus=1, interval_ms=1000, templates=1)
     n = batches.values(0, 0)
-    acked = [Delivery(w, k, n, batches.due_s(w, k), batches.due_s(w, k) + 0.1) for w, k in batches.scheduled(2.0)]
-    run = Replay([*acked, Delivery(1, 9, n, 1.5)], finished_s=2.5)  # (1, 9): sent, never answered
+    acked = [
+        Delivery(w, k, n, batches.due_s(w, k), batches.due_s(w, k) + 0.1, sent_s=batches.due_s(w, k) + 0.06)
+        for w, k in batches.scheduled(2.0)
+    ]  # each answered 100 ms after it closed, 40 ms after its last call began
+    run = Replay([*acked, Delivery(1, 9, n, 1.5, sent_s=1.5)], finished_s=2.5)  # (1, 9): sent, never answered
     stored = {(d.writer, d.k): n for d in acked} | {(0, 0): n - 5, (0, 1): 2 * n, (1, 9): n, (1, 40): 3}
     report = fleet_report(batches, run, 2.0, None, Server(1.0, 0.5, 100.0, 0), Stored(stored, {"samples": 5}, 0))
     assert (report["lost"], report["duplicated"]) == (5, n + 3), "a batch stored without an answer is no duplicate"
     assert report["goal"]["lost"] == {"goal": "<= 0", "measured": 5, "met": False} and not report["goal"]["met"]
-    assert report["parts_per_s"] == {"samples": 2.0} and report["ack_latency_ms"]["p50"] == 100
-    assert report["ack_latency_ms"]["max"] == 1000, "the unanswered batch counts as late as the bench waited"
+    assert report["parts_per_s"] == {"samples": 2.0}
+    assert report["ack_latency_ms"]["p50"] == 40 and report["delivery_delay_ms"]["p50"] == 100
+    for late in (report["ack_latency_ms"], report["delivery_delay_ms"]):
+        assert late["max"] == 1000, "the unanswered batch counts as late as the bench waited"
 
 
 def test_bench_load_writers_stores_every_value_once_and_reports_its_figures() -> None:

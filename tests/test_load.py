@@ -3,6 +3,7 @@ with RESOURCE_EXHAUSTED and a retry hint; writers wait and spool, and nothing is
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from agent.shipping.shipper import UNHINTED_PUSHBACK_S, Outcome, Shipper, classi
 from agent.shipping.spool import EncodedBatch, Spool
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
-from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, FIRST_CALLS, Admission, Overloaded
 from ingest.store import Store, StoreError, WriteResult
 from ingest.validate import ValidatedBatch
 from tests.helpers import counts, telemetry
@@ -101,6 +102,70 @@ def test_admission_is_released_when_the_write_fails() -> None:
         raise RuntimeError("the store went away")
     with admission.admit(100):
         assert admission.counts().pending_bytes == 100
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _finish(admission: Admission, clock: Clock, took_s: float, *sizes: int) -> None:
+    """Writes of `sizes` bytes, one after another, each `took_s` long."""
+    for size in sizes:
+        with admission.admit(size):
+            clock.now += took_s
+
+
+def test_admission_takes_no_more_than_the_store_answers_within_the_target() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 1_000, 1_000)  # 2,000 bytes a second, each write longer than half the target
+    with admission.admit(1_000):
+        with pytest.raises(Overloaded) as refused, admission.admit(1_500):  # 2,500 bytes ahead: 1.25 s
+            pass
+        assert "s of work" in str(refused.value) and "--ack-target-ms" in str(refused.value)
+        assert refused.value.retry_ms > 0
+        with admission.admit(500):  # 1,500 bytes: 0.75 s
+            pass
+    assert admission.counts().refused == 1
+
+
+def test_admission_leaves_the_pace_alone_while_the_store_keeps_up() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.4, 1_000, 1_000)  # quicker than half the target: the pace is what was offered
+    with admission.admit(1_000), admission.admit(5_000):
+        assert admission.counts().pending_bytes == 6_000
+
+
+def test_admission_keeps_a_write_within_a_third_of_its_callers_deadline() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=60_000, clock=clock)
+    _finish(admission, clock, 0.5, 1_000, 1_000)
+    with admission.admit(1_000):  # with one more, 2,000 bytes in flight: 1 s at 2,000 bytes a second
+        with pytest.raises(Overloaded) as refused, admission.admit(1_000, deadline_s=2.4):  # may wait 0.8 s
+            pass
+        assert "a third of the call's deadline" in str(refused.value)
+        with admission.admit(1_000, deadline_s=3.6):  # may wait 1.2 s
+            pass
+
+
+def test_admission_takes_a_first_few_writes_until_it_knows_the_pace() -> None:
+    admission = Admission(1 << 30, max_calls=500)
+    with contextlib.ExitStack() as in_flight:
+        for _ in range(FIRST_CALLS):
+            in_flight.enter_context(admission.admit(10))
+        with pytest.raises(Overloaded) as refused, admission.admit(10):
+            pass
+        assert refused.value.retry_ms > 0
+    with admission.admit(10):
+        pass
+    with contextlib.ExitStack() as in_flight:  # the pace known, the bound is the target's
+        for _ in range(FIRST_CALLS + 1):
+            in_flight.enter_context(admission.admit(0))
 
 
 def test_server_refuses_with_a_pushback_hint_and_writes_nothing_of_it(tight: Server, held: HeldStore) -> None:
@@ -306,6 +371,17 @@ def test_max_pending_bytes_option() -> None:
     assert parser.parse_args(["serve", "--max-pending-bytes", "64K"]).max_pending_bytes == 64 << 10
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--max-pending-bytes", "lots"])
+
+
+def test_ack_target_option(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    for command in (["serve"], ["up"], ["bench", "load"]):
+        assert parser.parse_args(command).ack_target_ms == DEFAULT_TARGET_MS
+    assert parser.parse_args(["serve", "--ack-target-ms", "1500"]).ack_target_ms == 1_500
+    for bad, why in (("soon", "is not a whole number of milliseconds"), ("0", "0 ms is not within 10..600000")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--ack-target-ms", bad])
+        assert why in capsys.readouterr().err
 
 
 def test_bench_load_loses_nothing_and_reports_its_figures() -> None:

@@ -42,6 +42,7 @@ class Delivery:
     acked_s: float | None = None
     refused: str = ""  # the status of a refusal that no retry can change
     duplicate: bool = False  # the server answered that it had stored the batch before
+    sent_s: float = 0.0  # when its last call began
 
 
 @dataclass
@@ -126,6 +127,7 @@ class _Replayer:
         tally, backoff = self.result.tally, FIRST_BACKOFF_S
         while True:
             tally.calls += 1
+            delivery.sent_s = self.now()
             try:
                 answer = await write(payload, timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as error:

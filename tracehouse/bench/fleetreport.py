@@ -77,9 +77,12 @@ def fleet_report(
     lost = sum(max(0, d.values - stored.per_batch.get(key, 0)) for key, d in acked.items())
     duplicated = sum(max(0, n - sent.get(key, 0)) for key, n in stored.per_batch.items())
     # a batch still unanswered when the bench gave up on it took at least that long
+    unanswered = [d for d in run.deliveries if d.acked_s is None and not d.refused]
     took = 1000 * np.array(
-        [(d.acked_s or 0.0) - d.due_s for d in acked.values()]
-        + [run.finished_s - d.due_s for d in run.deliveries if d.acked_s is None and not d.refused]
+        [(d.acked_s or 0.0) - d.sent_s for d in acked.values()] + [run.finished_s - d.sent_s for d in unanswered]
+    )
+    delayed = 1000 * np.array(
+        [(d.acked_s or 0.0) - d.due_s for d in acked.values()] + [run.finished_s - d.due_s for d in unanswered]
     )
     measured = {
         "accepted_values_per_s": round(in_window / seconds),
@@ -96,7 +99,8 @@ def fleet_report(
         "offered_values_per_s": round(offered / seconds),
         "accepted_values_per_s": measured["accepted_values_per_s"],
         "ratio": round(in_window / offered, 3) if offered else None,
-        "ack_latency_ms": {"p50": _percentile(took, 50), "p99": measured["ack_p99_ms"], "max": _percentile(took, 100)},
+        "ack_latency_ms": _spread(took),
+        "delivery_delay_ms": _spread(delayed),
         "server_cpu_seconds": round(server.cpu_seconds, 1),
         "server_cpu_us_per_value": measured["server_cpu_us_per_value"],
         "generator_cpu_seconds": round(server.generator_cpu_seconds, 1),
@@ -120,6 +124,14 @@ def fleet_report(
         "duplicate_answers": sum(1 for d in acked.values() if d.duplicate),
         "drain_seconds": round(max(0.0, run.finished_s - seconds), 2),
         "goal": goal | {"met": all(judged["met"] for judged in goal.values())},
+    }
+
+
+def _spread(milliseconds: np.ndarray[Any, Any]) -> dict[str, int | None]:
+    return {
+        "p50": _percentile(milliseconds, 50),
+        "p99": _percentile(milliseconds, 99),
+        "max": _percentile(milliseconds, 100),
     }
 
 

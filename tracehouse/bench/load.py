@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agent.runs.children import stop_process
+from ingest.admission import DEFAULT_TARGET_MS
 from tracehouse.bench.common import _listening, _stamp, serving, start_serve
 from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
@@ -133,6 +134,7 @@ def bench_fleet(
     *,
     channels: int = 32,
     max_pending_bytes: int = 256 << 20,
+    ack_target_ms: int = DEFAULT_TARGET_MS,
     kill_at: float | None = None,
     restart_after: float = 5.0,
     baseline_seconds: float = 5.0,
@@ -148,7 +150,7 @@ def bench_fleet(
     batches = FleetBatches(writers, gpus, round(interval * 1000))
     ceiling = _generator_ceiling(batches, channels, baseline_seconds)
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
-        serve = _Serve(folder, ("--max-pending-bytes", str(max_pending_bytes)))
+        serve = _Serve(folder, ("--max-pending-bytes", str(max_pending_bytes), "--ack-target-ms", str(ack_target_ms)))
         try:
             cpu: list[tuple[float, float]] = []  # (serve's, this process's) at the start and at `seconds`
             mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time()))  # noqa: E731
@@ -173,6 +175,7 @@ def bench_fleet(
         "interval_s": batches.interval_ns / 1e9,
         "seconds": seconds,
         "channels": channels,
+        "ack_target_ms": ack_target_ms,
         "values_per_batch": batches.templates[0].rows,
         "bytes_per_batch": len(batches.templates[0].payload),
         "kill_at_s": kill_at,

@@ -55,7 +55,7 @@ def _main(args: argparse.Namespace) -> int:
         try:
             result = bench_fleet(
                 args.writers, args.gpus, args.interval or 2.0, args.seconds, channels=args.channels,
-                max_pending_bytes=args.max_pending_bytes, kill_at=args.kill_at,
+                max_pending_bytes=args.max_pending_bytes, ack_target_ms=args.ack_target_ms, kill_at=args.kill_at,
             )  # fmt: skip
         except ValueError as refused:
             print(f"tracehouse: {refused}", file=sys.stderr)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ingest.admission import DEFAULT_MAX_PENDING_BYTES
-from tracehouse.cli.options import _positive, _seconds, _size, _size_text
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
+from tracehouse.cli.options import _ack_target_ms, _positive, _seconds, _size, _size_text
 
 
 def _add_bench(commands: Any) -> None:
@@ -70,6 +70,10 @@ def _add_bench(commands: Any) -> None:
         metavar="SIZE",
         help="the server's bound (default %(default)s)",
     )
+    load.add_argument(
+        "--ack-target-ms", type=_ack_target_ms, default=DEFAULT_TARGET_MS, metavar="MS",
+        help="--writers: the server's --ack-target-ms (default %(default)s)",
+    )  # fmt: skip
     run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
     run.add_argument(
         "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"

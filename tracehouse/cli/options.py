@@ -9,7 +9,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,14 +117,21 @@ def _positive(text: str) -> int:
     return value
 
 
-def _commit_interval_ms(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
-    if not 0 <= value <= 60_000:
-        raise argparse.ArgumentTypeError(f"{value} ms is not within 0..60000")
-    return value
+def _milliseconds(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} ms is not within {low}..{high}")
+        return value
+
+    return parse
+
+
+_commit_interval_ms = _milliseconds(0, 60_000)
+_ack_target_ms = _milliseconds(10, 600_000)
 
 
 def _port(text: str) -> int:

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ingest.admission import DEFAULT_MAX_PENDING_BYTES, Admission, Overloaded
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, Admission, Overloaded
 from ingest.commitpolicy import CommitPolicy
 from ingest.grants import OutOfBounds
 from ingest.groupcommit import GroupCommit
@@ -179,6 +179,7 @@ def create_server(
     workers: int = DEFAULT_WORKERS,
     *,
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ack_target_ms: int = DEFAULT_TARGET_MS,
     security: ServerSecurity | None = None,
     commit: CommitPolicy | None = None,
 ) -> Server:
@@ -195,7 +196,7 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    admission = Admission(max_pending_bytes, max_calls=max(1, workers * 3 // 4))
+    admission = Admission(max_pending_bytes, max(1, workers * 3 // 4), ack_target_ms)
     group_commit = GroupCommit(store, commit)
     add_service(server, INGEST, IngestService(store, group_commit, admission), limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
@@ -280,6 +281,7 @@ def serve(
     on_stop: Callable[[], None] | None = None,
     *,
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ack_target_ms: int = DEFAULT_TARGET_MS,
     security: ServerSecurity | None = None,
     layout: Mapping[str, Any] | None = None,
     commit: CommitPolicy | None = None,
@@ -311,8 +313,9 @@ def serve(
             log.warning("%s: answering UNAVAILABLE until it is reachable", error)
             ready = False
         server = create_server(
-            store, listen, limits, max_pending_bytes=max_pending_bytes, security=security, commit=commit
-        )
+            store, listen, limits, max_pending_bytes=max_pending_bytes, ack_target_ms=ack_target_ms,
+            security=security, commit=commit,
+        )  # fmt: skip
         server.set_serving(ready)
         _spare_the_collector()
         threading.Thread(target=_watch_store, args=(store, stop), daemon=True).start()

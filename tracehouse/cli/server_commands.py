@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ingest.admission import DEFAULT_MAX_PENDING_BYTES
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
 from ingest.commitpolicy import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
 from tracehouse import __version__, config
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    _ack_target_ms,
     _add_client_security,
     _add_paths,
     _add_server_option,
@@ -100,6 +101,14 @@ def _add_serve(commands: Any) -> None:
             metavar="SIZE",
             help="bytes of writes accepted but not yet stored; past it writers are told to retry later "
             "(default %(default)s)",
+        )
+        parser.add_argument(
+            "--ack-target-ms",
+            type=_ack_target_ms,
+            default=DEFAULT_TARGET_MS,
+            metavar="MS",
+            help="take no more writes at once than the store answers within MS milliseconds at its recent "
+            "pace; past it writers are told to retry later (default %(default)s)",
         )
         parser.add_argument(
             "--commit-interval-ms",
@@ -190,6 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
             on_ready=up.start if up else None,
             on_stop=up.stop if up else None,
             max_pending_bytes=args.max_pending_bytes,
+            ack_target_ms=args.ack_target_ms,
             security=security,
             layout=layout,
             commit=CommitPolicy(args.commit_interval_ms / 1000, args.commit_rows),
