@@ -13,12 +13,23 @@ NS = "toUnixTimestamp64Nano"
 
 Query = tuple[str, dict[str, object]]
 
-# Ranges meet GPU work on their host, process and thread, whatever run each came in: phases of
-# agent.training and the kernels of a trace of the same process are two runs. Runs whose
-# times count from an unknown origin (nsys before 2021.3) only meet their own rows.
+# Ranges meet GPU work on their host, process and thread, within a scope. A trace's ranges meet its own
+# work only (scope: its run id), so that a run's answers depend on that run alone: the same profile
+# imported twice, or another profile of the same process, changes nothing, as Nsight Systems sees one
+# report. Ranges of runs without a trace (phases of agent.training; scope '') meet the work of any trace
+# of their process, which the work lends to scope '': the PyTorch profiler's kernels under the training
+# API's phases are two runs. Runs whose times count from an unknown origin (nsys before 2021.3) lend
+# their work to no other run.
 RELATIVE_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE relative_time)"
-SCOPE = f"if(run_id IN {RELATIVE_RUNS}, run_id, '')"
 TRACED_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE source IN ('nsys', 'kineto'))"
+OWN_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE relative_time OR source IN ('nsys', 'kineto'))"
+SCOPE = f"if(run_id IN {OWN_RUNS}, run_id, '')"
+
+
+def lent(ranges: str) -> str:
+    """Whether a row of GPU work is seen in scope '' too: it may be lent, and `ranges` holds ranges of a
+    run without a trace."""
+    return f"run_id NOT IN {RELATIVE_RUNS} AND (SELECT countIf(scope = '') > 0 FROM {ranges})"
 
 
 def reach(work: str, keys: str = "host, gpu") -> str:

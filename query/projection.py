@@ -4,7 +4,7 @@ telemetry there. Pure: text and bound parameters."""
 
 from __future__ import annotations
 
-from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query
+from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query, lent
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
@@ -24,11 +24,11 @@ ranges AS {"MATERIALIZED " if materialized else ""}(
 
 
 def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
-    """ASOF-join `left` rows to the ranges containing `time`. Ranges in one lane (host,
-    thread, kind, style, depth) never overlap, so per lane the latest range starting at or before
-    the time is the only candidate; every row is tried against every lane. (A step and the
-    phases inside it overlap at depth 0: their kinds keep them in lanes of their own.) The
-    lane is joined on its 64-bit hash: one integer key is several times faster than six columns."""
+    """ASOF-join `left` rows (of GPU work, in each scope it is seen in) to the ranges containing `time`.
+    Ranges in one lane (host, scope, thread, kind, style, depth) never overlap, so per lane the latest
+    range starting at or before the time is the only candidate; every row is tried against every lane.
+    (A step and the phases inside it overlap at depth 0: their kinds keep them in lanes of their own.)
+    The lane is joined on its 64-bit hash: one integer key is several times faster than seven columns."""
     return f"""
 (SELECT *, cityHash64(host, scope, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
  ARRAY JOIN (SELECT groupUniqArray((kind, style, depth)) FROM {ranges}) AS level) AS w
@@ -38,14 +38,19 @@ ASOF INNER JOIN (SELECT *, cityHash64(host, scope, pid, tid, kind, style, depth)
 
 def _projection(ranges: str) -> str:
     """CTEs `projected` and `projection`: each range of `ranges` with the GPU work launched
-    from inside it (same host, process and thread)."""
-    work = f"""
-SELECT host, {SCOPE} AS scope, pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
+    from inside it (same host, scope, process and thread)."""
+    columns = f"pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e"
+    launched = f"""
 FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
   AND host IN (SELECT DISTINCT host FROM {ranges})
   AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
   AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
+    work = f"""
+SELECT host, {SCOPE} AS scope, {columns} {launched} AND run_id IN (SELECT DISTINCT run_id FROM {ranges})
+UNION ALL
+SELECT host, '' AS scope, {columns} {launched}
+  AND run_id NOT IN (SELECT DISTINCT run_id FROM {ranges}) AND {lent(ranges)}"""
     return f"""
 projected AS (
     SELECT r.range_id AS range_id, min(w.s) AS first_start, max(w.e) AS last_end, count() AS ops,
@@ -109,6 +114,7 @@ def phases(where: Predicates) -> Query:
     lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
     hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
     in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
+    met = f"(run_id IN (SELECT DISTINCT run_id FROM ranges) OR {lent('ranges')})"  # work the ranges meet
     order = "PARTITION BY key ORDER BY t, border, e"
     telemetry = ",\n       ".join(
         f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
@@ -121,9 +127,12 @@ def phases(where: Predicates) -> Query:
     )
     sql = f"""
 WITH {_ranges(where, materialized=True)},
-process_gpus AS MATERIALIZED (
+process_gpus AS MATERIALIZED (  -- the GPUs each process ran work on, in each scope its work is seen in
     SELECT DISTINCT host, {SCOPE} AS scope, pid, gpu FROM {{db}}.events
-    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges}
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND run_id IN (SELECT DISTINCT run_id FROM ranges)
+    UNION DISTINCT
+    SELECT DISTINCT host, '' AS scope, pid, gpu FROM {{db}}.events
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND {lent("ranges")}
 ),
 host_gpus AS MATERIALIZED (
     SELECT DISTINCT host, gpu FROM process_gpus
@@ -142,7 +151,7 @@ instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the G
 stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
     SELECT cityHash64(host, gpu) AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
            0 AS range_id FROM {{db}}.events
-    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t AND {met}
     UNION ALL
     SELECT key, border.1, 0, 1, border.2, range_id FROM instances ARRAY JOIN [(rs, -1), (re, 1)] AS border
 ),

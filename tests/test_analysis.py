@@ -4,6 +4,7 @@ with no GPU work, work crossing the window's borders."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
@@ -18,7 +19,7 @@ from query import analysis
 from query.client import Client, QueryFailed
 from query.window import Predicates
 from tests.conftest import FIXTURES
-from tests.timeline_trace import HOST, MS, US, Trace
+from tests.timeline_trace import HOST, MS, US, Trace, make_trace, store_trace
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
@@ -283,6 +284,28 @@ def test_servers_without_materialized_ctes_give_the_same_answers(
     for part in ("summary", "ranges"):
         pd.testing.assert_frame_equal(with_it[1][part], without[1][part])
     assert "MATERIALIZED" not in without_materialized_cte(analysis.phases(Predicates())[0])
+
+
+def test_a_traces_answers_depend_only_on_that_trace(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub, traces: dict[str, Trace]
+) -> None:
+    """The same profile imported again (another run: same host, process, threads and times) and another
+    profile of the same process at the same time change none of r1's answers: a trace's ranges meet the
+    GPU work of that trace only, as Nsight Systems' projection sees one report."""
+
+    def answers() -> tuple[pd.DataFrame, ...]:
+        projected = client.nvtx_gpu(run="r1", limit=100_000)
+        phases = client.phases(run="r1")[["name", "host", "gpu", "instances", "total_ns", "busy_pct"]]
+        return projected["summary"], projected["ranges"], phases
+
+    before = answers()
+    again = dataclasses.replace(traces["r1"], run_id="r1-again", samples=[])
+    other = dataclasses.replace(make_trace("r3", seed=3, t0=traces["r1"].start), samples=[])
+    for trace in (again, other):
+        store_trace(ingest, trace)
+    assert client.nvtx_gpu(run="r1-again")["summary"].equals(before[0]), "the copy answers as the original"
+    for was, now in zip(before, answers(), strict=True):
+        pd.testing.assert_frame_equal(was, now)
 
 
 def test_phases_of_one_run_meet_the_gpu_work_of_a_trace_of_the_same_process(

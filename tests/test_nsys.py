@@ -482,3 +482,26 @@ def test_ranges_without_gpu_work_have_no_projected_gpu_time_and_the_driver_reads
     assert list(summary.index[: len(busy)]) == list(busy.index), "the ranges with GPU work come first"
     drivers = set(client.devices()[lambda d: d["run_id"] == run]["driver"])
     assert drivers == {"525.105.17"}, "Nsight's NvDriverVersion 52510517, as NVIDIA writes it"
+
+
+def test_a_reexport_of_a_profile_changes_none_of_the_first_runs_answers(
+    writer: BatchWriter, client: Client, tmp_path: Path
+) -> None:
+    """The same profile exported again (other file bytes: another run, with the same host, process,
+    threads and times) is imported beside the first: each run's ranges meet its own GPU work only."""
+    path = NSYS / "nsys-2022.2-pipit-saxpy-mpi-cuda.sqlite"
+    if not path.exists():
+        pytest.skip(f"no {path}")
+    run = import_export(path, writer).run_id
+    before = client.nvtx_gpu(run=run, limit=1000)
+    copy = tmp_path / "exported-again.sqlite"
+    shutil.copy(path, copy)
+    with sqlite3.connect(copy) as export:
+        export.execute("CREATE TABLE exported_again (note TEXT)")
+    again = import_export(copy, writer).run_id
+    assert again != run
+    after = client.nvtx_gpu(run=run, limit=1000)
+    for part in ("summary", "ranges"):
+        assert after[part].equals(before[part]), after[part]
+    assert client.nvtx_gpu(run=again, limit=1000)["summary"].equals(before["summary"])
+    assert before["summary"].set_index("name").loc["saxpy", "kernels"] == 5
