@@ -83,6 +83,8 @@ class Admission:
         self._admitted = 0
         self._refused = 0
         self._finished: collections.deque[tuple[float, int, float]] = collections.deque()  # (when, bytes, took)
+        self._finished_bytes = 0  # their sums
+        self._finished_took = 0.0
         self._turned_away: collections.deque[float] = collections.deque()  # when
         self._first_finished = 0.0
 
@@ -129,19 +131,24 @@ class Admission:
                 if not self._finished:
                     self._first_finished = now
                 self._finished.append((now, size, now - started))
+                self._finished_bytes += size
+                self._finished_took += now - started
 
     def _pace(self, now: float) -> float | None:
         while self._finished and self._finished[0][0] < now - PACE_WINDOW_S:
-            self._finished.popleft()
+            _, size, took = self._finished.popleft()
+            self._finished_bytes -= size
+            self._finished_took -= took
         if not self._finished:
+            self._finished_bytes, self._finished_took = 0, 0.0  # no drift of the float sum past an idle spell
             return None
         # over the whole window once writes have finished for that long; never under a second,
         # since the writes of a group commit finish together
         span = min(PACE_WINDOW_S, max(1.0, now - self._first_finished))
-        return sum(size for _, size, _ in self._finished) / span
+        return self._finished_bytes / span
 
     def _mean_took_ms(self) -> float:
-        return sum(took for _, _, took in self._finished) / max(1, len(self._finished)) * 1000
+        return self._finished_took / max(1, len(self._finished)) * 1000
 
     def _retry_ms(self, size: int, pace: float | None, now: float, target_ms: float) -> int:
         """The time until this write would fit at the recent pace, stretched by how many writers were
