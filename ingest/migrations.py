@@ -222,25 +222,14 @@ GROUP BY run_id, host, gpu, pid, metric, ts
 
 
 def rollup_of_rollup_select(source: str, seconds: int) -> str:
-    """A finer rollup's rows summed up per `seconds`: the same rows as `rollup_select` of its samples gives."""
-    ns = seconds * 1_000_000_000
-    return f"""
-SELECT run_id, host, gpu, pid, metric,
-       fromUnixTimestamp64Nano(intDiv(toUnixTimestamp64Nano(ts), {ns}) * {ns}, 'UTC') AS bucket,
-       min(min), max(max), sum(sum), sum(count)
-FROM {source}
-GROUP BY run_id, host, gpu, pid, metric, bucket
-"""
-
-
-def rollup_of_rollup_view(seconds: int) -> str:
-    """`rollup_of_rollup_select` as a view's query: its columns named as the rollup tables name theirs."""
+    """A finer rollup's rows summed up per `seconds`: the same rows as `rollup_select` of its samples gives,
+    in columns named as the rollup tables name theirs."""
     ns = seconds * 1_000_000_000
     return f"""
 SELECT run_id, host, gpu, pid, metric,
        fromUnixTimestamp64Nano(intDiv(toUnixTimestamp64Nano(ts), {ns}) * {ns}, 'UTC') AS ts,
        min(min) AS min, max(max) AS max, sum(sum) AS sum, sum(count) AS count
-FROM {{source}}
+FROM {source}
 GROUP BY run_id, host, gpu, pid, metric, ts
 """
 
@@ -322,7 +311,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             # its view reads the 10 s rollup's rows, a hundredth of the samples at 10 Hz: half the CPU the
             # views took per stored value; the rows it makes are the same (min of mins, sums of sums)
             Drop("samples_1m_mv", view=True),
-            View("samples_1m_mv", "samples_10s", "samples_1m", rollup_of_rollup_view(60)),
+            View("samples_1m_mv", "samples_10s", "samples_1m", rollup_of_rollup_select("{source}", 60)),
         ),
     ),
     Migration(

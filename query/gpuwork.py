@@ -26,6 +26,11 @@ OWN_RUNS = "(SELECT run_id FROM {db}.runs FINAL WHERE relative_time OR source IN
 SCOPE = f"if(run_id IN {OWN_RUNS}, run_id, '')"
 
 
+def own(ranges: str) -> str:
+    """Whether a row is of a run that has ranges in `ranges`."""
+    return f"(run_id IN (SELECT DISTINCT run_id FROM {ranges}))"
+
+
 def lent(ranges: str) -> str:
     """Whether a row of GPU work is seen in scope '' too: it may be lent, and `ranges` holds ranges of a
     run without a trace."""

@@ -4,7 +4,7 @@ telemetry there. Pure: text and bound parameters."""
 
 from __future__ import annotations
 
-from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query, lent
+from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query, lent, own
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
@@ -47,10 +47,9 @@ WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
   AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
   AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
     work = f"""
-SELECT host, {SCOPE} AS scope, {columns} {launched} AND run_id IN (SELECT DISTINCT run_id FROM {ranges})
+SELECT host, {SCOPE} AS scope, {columns} {launched} AND {own(ranges)}
 UNION ALL
-SELECT host, '' AS scope, {columns} {launched}
-  AND run_id NOT IN (SELECT DISTINCT run_id FROM {ranges}) AND {lent(ranges)}"""
+SELECT host, '' AS scope, {columns} {launched} AND NOT {own(ranges)} AND {lent(ranges)}"""
     return f"""
 projected AS (
     SELECT r.range_id AS range_id, min(w.s) AS first_start, max(w.e) AS last_end, count() AS ops,
@@ -114,7 +113,7 @@ def phases(where: Predicates) -> Query:
     lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
     hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
     in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
-    met = f"(run_id IN (SELECT DISTINCT run_id FROM ranges) OR {lent('ranges')})"  # work the ranges meet
+    met = f"({own('ranges')} OR {lent('ranges')})"  # work the ranges meet
     order = "PARTITION BY key ORDER BY t, border, e"
     telemetry = ",\n       ".join(
         f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
@@ -129,7 +128,7 @@ def phases(where: Predicates) -> Query:
 WITH {_ranges(where, materialized=True)},
 process_gpus AS MATERIALIZED (  -- the GPUs each process ran work on, in each scope its work is seen in
     SELECT DISTINCT host, {SCOPE} AS scope, pid, gpu FROM {{db}}.events
-    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND run_id IN (SELECT DISTINCT run_id FROM ranges)
+    WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND {own("ranges")}
     UNION DISTINCT
     SELECT DISTINCT host, '' AS scope, pid, gpu FROM {{db}}.events
     WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND {lent("ranges")}

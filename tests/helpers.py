@@ -105,3 +105,13 @@ class LateServer:
 
     def start(self) -> None:
         self.server = create_server(self._store, self.address, self._limits)
+
+
+class Clock:
+    """A monotonic clock that moves only when a test sets `now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

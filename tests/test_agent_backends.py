@@ -18,6 +18,7 @@ from agent.telemetry.sampler import Sampler
 from agent.telemetry.simulated import SimulatedBackend
 from tests.agent_helpers import decode, metrics_by_gpu, sample_rows
 from tests.fake_nvml import FakeNvml
+from tests.helpers import Clock
 from tracehouse import metrics as m
 
 
@@ -79,14 +80,6 @@ def test_without_a_driver_the_message_gives_the_reason_and_leaves_the_hint_to_ea
     with pytest.raises(BackendUnavailable, match="NVML is not available") as refused:
         NvmlBackend()
     assert "--simulate" not in str(refused.value), "`up` has no --simulate: the agent command adds that hint"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

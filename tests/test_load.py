@@ -22,7 +22,7 @@ from agent.telemetry.simulated import SimulatedBackend
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, FIRST_CALLS, Admission, Overloaded
 from ingest.store import Store, StoreError, WriteResult
 from ingest.validate import ValidatedBatch
-from tests.helpers import counts, telemetry
+from tests.helpers import Clock, counts, telemetry
 from tests.test_agent import config, sample_count
 from tracehouse.batch import encode_request
 from tracehouse.bench.load import bench_load
@@ -102,14 +102,6 @@ def test_admission_is_released_when_the_write_fails() -> None:
         raise RuntimeError("the store went away")
     with admission.admit(100):
         assert admission.counts().pending_bytes == 100
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _finish(admission: Admission, clock: Clock, took_s: float, *sizes: int) -> None:

@@ -3,12 +3,13 @@ against what the fleet sent and what the server acknowledged; and the issue's fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tracehouse.bench.fleet import Replay
+from tracehouse.bench.fleet import Delivery, Replay
 from tracehouse.bench.payloads import FleetBatches
 
 # issue 17's figures for `bench load --writers 1000`; with --kill-at, only lost and duplicated
@@ -78,12 +79,13 @@ def fleet_report(
     duplicated = sum(max(0, n - sent.get(key, 0)) for key, n in stored.per_batch.items())
     # a batch still unanswered when the bench gave up on it took at least that long
     unanswered = [d for d in run.deliveries if d.acked_s is None and not d.refused]
-    took = 1000 * np.array(
-        [(d.acked_s or 0.0) - d.sent_s for d in acked.values()] + [run.finished_s - d.sent_s for d in unanswered]
-    )
-    delayed = 1000 * np.array(
-        [(d.acked_s or 0.0) - d.due_s for d in acked.values()] + [run.finished_s - d.due_s for d in unanswered]
-    )
+
+    def milliseconds_since(start: Callable[[Delivery], float]) -> np.ndarray[Any, Any]:
+        answered = [(d.acked_s or 0.0) - start(d) for d in acked.values()]
+        return 1000 * np.array(answered + [run.finished_s - start(d) for d in unanswered])
+
+    took = milliseconds_since(lambda d: d.sent_s)  # the answered call's own time
+    delayed = milliseconds_since(lambda d: d.due_s)  # from the batch's close
     measured = {
         "accepted_values_per_s": round(in_window / seconds),
         "server_cpu_us_per_value": round(server.cpu_seconds * 1e6 / in_window, 2) if in_window else None,
