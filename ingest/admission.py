@@ -101,9 +101,10 @@ class Admission:
                 wait_ms = None if pace is None else (self._bytes + size) / pace * 1000
                 if wait_ms is not None and self._mean_took_ms() <= target_ms / 2:
                     wait_ms = None  # the store keeps up
+                max_calls = self.max_calls if pace else min(self.max_calls, FIRST_CALLS)
                 if (
                     self._bytes + size > self.max_bytes
-                    or self._calls >= (self.max_calls if pace else min(self.max_calls, FIRST_CALLS))
+                    or self._calls >= max_calls
                     or (wait_ms is not None and wait_ms > target_ms)
                 ):
                     self._refused += 1
@@ -111,7 +112,7 @@ class Admission:
                     raise Overloaded(
                         f"{BEHIND}: {self._bytes} bytes of {self._calls} writes wait to be stored"
                         + (f", about {wait_ms / 1000:.1f} s of work" if wait_ms is not None else "")
-                        + f"; the limits are {self.max_bytes} bytes (--max-pending-bytes), {self.max_calls} "
+                        + f"; the limits are {self.max_bytes} bytes (--max-pending-bytes), {max_calls} "
                         f"writes and {target_ms / 1000:g} s (--ack-target-ms, or a third of the call's deadline); "
                         f"retry in {retry_ms} ms",
                         retry_ms,
@@ -141,6 +142,7 @@ class Admission:
             self._finished_took -= took
         if not self._finished:
             self._finished_bytes, self._finished_took = 0, 0.0  # no drift of the float sum past an idle spell
+        if self._finished_bytes <= 0:  # none lately, or only empty writes: no pace to tell
             return None
         # over the whole window once writes have finished for that long; never under a second,
         # since the writes of a group commit finish together

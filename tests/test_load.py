@@ -145,6 +145,14 @@ def test_admission_keeps_a_write_within_a_third_of_its_callers_deadline() -> Non
             pass
 
 
+def test_admission_survives_writes_of_no_bytes() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 0, 0)  # empty requests, slow: no pace to divide by
+    with admission.admit(10), admission.admit(10):
+        assert admission.counts().pending_calls == 2
+
+
 def test_admission_takes_a_first_few_writes_until_it_knows_the_pace() -> None:
     admission = Admission(1 << 30, max_calls=500)
     with contextlib.ExitStack() as in_flight:
@@ -152,7 +160,7 @@ def test_admission_takes_a_first_few_writes_until_it_knows_the_pace() -> None:
             in_flight.enter_context(admission.admit(10))
         with pytest.raises(Overloaded) as refused, admission.admit(10):
             pass
-        assert refused.value.retry_ms > 0
+        assert refused.value.retry_ms > 0 and f"(--max-pending-bytes), {FIRST_CALLS} writes" in str(refused.value)
     with admission.admit(10):
         pass
     with contextlib.ExitStack() as in_flight:  # the pace known, the bound is the target's
