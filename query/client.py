@@ -314,6 +314,29 @@ class Client:
         frame.attrs["truncated"] = answer.truncated
         return frame
 
+    def verdict(
+        self,
+        a: Sequence[str] | Mapping[str, str],
+        b: Sequence[str] | Mapping[str, str],
+        measures: Sequence[str] = (),
+        skip: int | None = None,
+        step_pattern: str = "",
+        window_ns: int = 0,
+        min_effect: float = 0.0,
+    ) -> dict[str, pd.DataFrame]:
+        """Is B faster than A: each a list of runs (ids or names) or a mapping of tags that select
+        its runs. {"measures": per measure a, b, change (b/a - 1), low, high (95 % interval), verdict,
+        more_runs, ...; "parts": the step-time difference in parts that add up to it, ns per step;
+        "runs": per run its group, where its steps came from, warm-up dropped, steps kept}."""
+        request = query_pb2.VerdictRequest(
+            a=_run_group(a), b=_run_group(b), measures=list(measures), step_pattern=step_pattern,
+            window_ns=window_ns, min_effect=min_effect,
+        )  # fmt: skip
+        if skip is not None:
+            request.skip = skip
+        answer = self._call("Verdict", request)
+        return {"measures": frame_of(answer.measures), "parts": frame_of(answer.parts), "runs": frame_of(answer.runs)}
+
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
         """Read-only SQL; returns the result and whether it was truncated at max_rows."""
         answer = self._call("Sql", query_pb2.SqlRequest(sql=sql, max_rows=max_rows))
@@ -361,3 +384,11 @@ def _events_frame(answer: query_pb2.EventsResponse) -> pd.DataFrame:
     )
     frame.insert(5, "duration_ns", frame["end"] - frame["start"])
     return _times(frame, EVENT_TIME_COLUMNS)
+
+
+def _run_group(group: Sequence[str] | Mapping[str, str]) -> query_pb2.RunGroup:
+    if isinstance(group, Mapping):
+        return query_pb2.RunGroup(tags=dict(group))
+    if isinstance(group, str):
+        return query_pb2.RunGroup(run_ids=[group])
+    return query_pb2.RunGroup(run_ids=list(group))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
-from query import analysis, lanes, sql
+from query import analysis, lanes, sql, verdict
 from query.compare_answer import compare_table
 from query.window import (
     Predicates,
@@ -349,20 +349,70 @@ class QueryService(query_pb2_grpc.QueryServicer):
         if not run_ids and not tags:
             raise QueryError("run_ids", "name at least one run, or tags that select runs")
         top = _bounded(request.top_kernels, 3, 100, "top_kernels")
-        found = _rows(self.store.query(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1)))
+        found = self._compared(run_ids, tags, "run_ids")
+        runs = found[: analysis.MAX_COMPARE_RUNS]
+        table = compare_table(runs, top, self._rows_of)
+        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=len(found) > len(runs))
+
+    def _rows_of(self, text: str, params: dict[str, object]) -> list[dict[str, Any]]:
+        return _rows(self.store.query(text, params))
+
+    def _compared(self, run_ids: list[str], tags: dict[str, str], field: str) -> list[dict[str, Any]]:
+        """Rows of compare_runs: the runs named (ids, or names that one run has), then those with
+        every one of `tags`; at most MAX_COMPARE_RUNS + 1 (one more says there were more)."""
+        found = self._rows_of(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1))
         named = {row["run_id"]: row for row in found if row["wanted"]}
         if any(run_id not in named for run_id in run_ids):  # names for runs, where one run has the name
-            run_ids = list(dict.fromkeys(r if r in named else self._named(r, "run_ids") for r in run_ids))
-            found = _rows(self.store.query(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1)))
+            run_ids = list(dict.fromkeys(r if r in named else self._named(r, field) for r in run_ids))
+            found = self._rows_of(*analysis.compare_runs(run_ids, tags, analysis.MAX_COMPARE_RUNS + 1))
             named = {row["run_id"]: row for row in found if row["wanted"]}
         for run_id in run_ids:
             if run_id not in named:
                 raise RunNotFound(f"run {run_id!r} not found")
             if named[run_id]["importing"]:
                 raise RunNotFound(f"run {run_id!r} is still being imported")
-        runs = found[: analysis.MAX_COMPARE_RUNS]
-        table = compare_table(runs, top, lambda text, params: _rows(self.store.query(text, params)))
-        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=len(found) > len(runs))
+        return found
+
+    def Verdict(self, request: query_pb2.VerdictRequest, context: Any) -> query_pb2.VerdictResponse:
+        options = verdict.VerdictOptions(
+            measures=tuple(dict.fromkeys(request.measures)),
+            skip=request.skip if request.HasField("skip") else None,
+            step_pattern=request.step_pattern or verdict.DEFAULT_STEP_PATTERN,
+            window_ns=request.window_ns or verdict.DEFAULT_WINDOW_NS,
+            min_effect=request.min_effect or verdict.DEFAULT_MIN_EFFECT,
+        ).check()
+        groups = {"A": self._group(request.a, "a"), "B": self._group(request.b, "b")}
+        shared = {run["run_id"] for run in groups["A"]} & {run["run_id"] for run in groups["B"]}
+        if shared:
+            raise QueryError("b", f"run {sorted(shared)[0]!r} is in both groups")
+        runs = [*groups["A"], *groups["B"]]
+        compared = compare_table(runs, 1, self._rows_of).to_pylist()
+        gpus = {row["run_id"]: tuple(int(g) for g in (row["gpu_indices"] or "").split(",") if g) for row in compared}
+        evidence = verdict.gather(groups, gpus, options, self.store.query)
+        measures, parts, listed = (verdict.measures_table(evidence, options), verdict.parts_table(evidence),
+                                   verdict.runs_table(evidence))  # fmt: skip
+        return query_pb2.VerdictResponse(
+            measures=query_pb2.Table(arrow_ipc=ipc_bytes(measures), rows=measures.num_rows),
+            parts=query_pb2.Table(arrow_ipc=ipc_bytes(parts), rows=parts.num_rows),
+            runs=query_pb2.Table(arrow_ipc=ipc_bytes(listed), rows=listed.num_rows),
+        )
+
+    def _group(self, group: query_pb2.RunGroup, field: str) -> list[dict[str, Any]]:
+        """One side's runs: those named, or those carrying every tag; with steps or not."""
+        run_ids = list(dict.fromkeys(group.run_ids))
+        tags = _check_tags(f"{field}.tags", group.tags, self.limits)
+        if bool(run_ids) == bool(tags):
+            raise QueryError(field, "name its runs, or tags that select them (not both)")
+        if len(run_ids) > verdict.MAX_GROUP_RUNS:
+            raise QueryError(f"{field}.run_ids", f"{len(run_ids)} runs; the limit is {verdict.MAX_GROUP_RUNS}")
+        for run_id in run_ids:
+            Window(run_id=run_id).check(self.limits)
+        found = self._compared(run_ids, tags, f"{field}.run_ids")
+        if not found:
+            raise RunNotFound(f"no run carries the tags {', '.join(f'{k}={v}' for k, v in sorted(tags.items()))}")
+        if len(found) > verdict.MAX_GROUP_RUNS:
+            raise QueryError(f"{field}.tags", f"more than {verdict.MAX_GROUP_RUNS} runs carry these tags")
+        return [run for run in found if not run["importing"]]
 
     def Sql(self, request: query_pb2.SqlRequest, context: Any) -> query_pb2.Table:
         if not request.sql.strip():

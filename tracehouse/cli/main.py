@@ -26,6 +26,7 @@ from tracehouse.cli.query_command import _add_query, run_query
 from tracehouse.cli.run_command import _add_run, run_run
 from tracehouse.cli.server_commands import _add_schema, _add_serve, run_schema, run_serve, run_ui
 from tracehouse.cli.token_command import _add_token, run_token
+from tracehouse.cli.verdict_command import _add_verdict, run_verdict
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(commands)
     _add_demo_train(commands)
     _add_query(commands)
+    _add_verdict(commands)
     _add_export(commands)
     _add_bench(commands)
     _add_token(commands)
@@ -74,6 +76,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         logging.getLogger(chatty).setLevel(logging.ERROR)
     if args.command == "query":
         return run_query(args)
+    if args.command == "verdict":
+        return run_verdict(args)
     if args.command == "export":
         return run_export(args)
     if args.command in ("serve", "up"):

@@ -298,3 +298,46 @@ class CompareRequest(_message.Message):
     tags: _containers.ScalarMap[str, str]
     top_kernels: int
     def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., tags: _Optional[_Mapping[str, str]] = ..., top_kernels: _Optional[int] = ...) -> None: ...
+
+class RunGroup(_message.Message):
+    __slots__ = ("run_ids", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class VerdictRequest(_message.Message):
+    __slots__ = ("a", "b", "measures", "skip", "step_pattern", "window_ns", "min_effect")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    MEASURES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIELD_NUMBER: _ClassVar[int]
+    STEP_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_NS_FIELD_NUMBER: _ClassVar[int]
+    MIN_EFFECT_FIELD_NUMBER: _ClassVar[int]
+    a: RunGroup
+    b: RunGroup
+    measures: _containers.RepeatedScalarFieldContainer[str]
+    skip: int
+    step_pattern: str
+    window_ns: int
+    min_effect: float
+    def __init__(self, a: _Optional[_Union[RunGroup, _Mapping]] = ..., b: _Optional[_Union[RunGroup, _Mapping]] = ..., measures: _Optional[_Iterable[str]] = ..., skip: _Optional[int] = ..., step_pattern: _Optional[str] = ..., window_ns: _Optional[int] = ..., min_effect: _Optional[float] = ...) -> None: ...
+
+class VerdictResponse(_message.Message):
+    __slots__ = ("measures", "parts", "runs")
+    MEASURES_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    measures: Table
+    parts: Table
+    runs: Table
+    def __init__(self, measures: _Optional[_Union[Table, _Mapping]] = ..., parts: _Optional[_Union[Table, _Mapping]] = ..., runs: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...

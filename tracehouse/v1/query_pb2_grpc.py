@@ -108,6 +108,11 @@ class QueryStub:
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.CompareRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_query__pb2.Table.FromString,
                 _registered_method=True)
+        self.Verdict = channel.unary_unary(
+                '/tracehouse.v1.Query/Verdict',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.VerdictRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.VerdictResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -217,6 +222,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verdict(self, request, context):
+        """Is group B faster than group A, by how much and how sure: per measure B's relative change with
+        a 95 % interval and a word, and the step-time difference split into parts that add up to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -289,6 +302,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Compare,
                     request_deserializer=tracehouse_dot_v1_dot_query__pb2.CompareRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_query__pb2.Table.SerializeToString,
+            ),
+            'Verdict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verdict,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.VerdictRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.VerdictResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -673,6 +691,33 @@ class Query:
             '/tracehouse.v1.Query/Compare',
             tracehouse_dot_v1_dot_query__pb2.CompareRequest.SerializeToString,
             tracehouse_dot_v1_dot_query__pb2.Table.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verdict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Verdict',
+            tracehouse_dot_v1_dot_query__pb2.VerdictRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.VerdictResponse.FromString,
             options,
             channel_credentials,
             insecure,

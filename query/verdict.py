@@ -1,0 +1,369 @@
+"""`verdict`: is group B faster than group A, by how much, how sure, and why. The store's rows
+in (steps, GPU work, telemetry), three tables out: the measures with their intervals and words,
+the parts of the step-time difference, and the runs with the steps each gave.
+
+Steps are, per run: its steps (the training API's, Kineto's `ProfilerStep#N`), else its NVTX
+ranges whose names match the step pattern (the outermost, on the thread with the most), else
+whole windows of fixed length over the run. Warm-up is left out per run (query/verdict_stats.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from query.gpuwork import NS
+from query.verdict_stats import Difference, Group, absolute_difference, group_of, relative_difference, warmup_steps
+from query.verdict_steps import (
+    MAX_PARTS,
+    MEMORY_PARTS,
+    OTHER,
+    Steps,
+    Work,
+    counter_rise,
+    mean_inside,
+    outermost,
+    step_parts,
+    windows,
+)
+from query.window import QueryError
+from tracehouse.metrics import GPU_ENERGY, GPU_UTIL
+
+Fetch = Callable[[str, dict[str, object]], pa.Table]  # a query's text and parameters -> its answer
+
+# Nsight's and PyTorch's habits: ProfilerStep#12, step, train_step 12, iteration:3, Iter 7
+DEFAULT_STEP_PATTERN = r"^(ProfilerStep#\d+|(?i:(train(ing)?[ _-]?)?(step|iter|iteration))([ _#:-]*\d+)?)$"
+DEFAULT_WINDOW_NS = 10_000_000_000
+DEFAULT_MIN_EFFECT = 0.02
+MAX_PATTERN_BYTES = 256
+MAX_STEPS = 1_000_000  # per run
+MAX_GROUP_RUNS = 100
+MAX_WORK_ROWS = 20_000_000  # GPU work and API calls of every run together
+BATCH_KEYS = ("batch_size", "batch")  # tags or attrs that declare items per step
+
+
+@dataclass(frozen=True)
+class Measure:
+    label: str
+    unit: str
+    lower_is_better: bool
+    words: tuple[str, str]  # (better, worse)
+
+
+MEASURES = {
+    "step_time": Measure("step time", "ns", True, ("faster", "slower")),
+    "throughput": Measure("throughput", "items/s", False, ("faster", "slower")),
+    "gpu_busy": Measure("GPU busy", "%", False, ("busier", "less busy")),
+    "energy": Measure("energy per step", "J", True, ("less energy", "more energy")),
+    "gpu_util": Measure("GPU utilisation", "%", False, ("busier", "less busy")),
+}
+
+
+@dataclass(frozen=True)
+class VerdictOptions:
+    measures: tuple[str, ...] = ()  # empty: every measure the runs hold
+    skip: int | None = None  # leading steps left out of each run; None: warm-up detected
+    step_pattern: str = DEFAULT_STEP_PATTERN
+    window_ns: int = DEFAULT_WINDOW_NS
+    min_effect: float = DEFAULT_MIN_EFFECT
+
+    def check(self) -> VerdictOptions:
+        for name in self.measures:
+            if name not in MEASURES:
+                raise QueryError("measures", f"{name[:64]!r} is not one of {', '.join(MEASURES)}")
+        if len(self.step_pattern.encode()) > MAX_PATTERN_BYTES:
+            raise QueryError("step_pattern", f"longer than {MAX_PATTERN_BYTES} bytes")
+        try:
+            re.compile(self.step_pattern)
+        except re.error as error:
+            raise QueryError("step_pattern", f"not a regular expression: {error}") from None
+        if self.window_ns < 1_000_000:
+            raise QueryError("window_ns", "windows are at least 1 ms long")
+        if not 0 < self.min_effect < 1:
+            raise QueryError("min_effect", "a fraction between 0 and 1 (0.02 is 2 %)")
+        if self.skip is not None and self.skip < 0:
+            raise QueryError("skip", "must not be negative")
+        return self
+
+
+@dataclass
+class RunEvidence:
+    """One run's kept steps and its per-step figures."""
+
+    run: Mapping[str, Any]
+    group: str
+    steps: Steps
+    dropped: int
+    batch: float | None
+    busy: np.ndarray | None = None
+    parts: dict[str, np.ndarray] | None = None
+    energy: np.ndarray | None = None
+    util: np.ndarray | None = None
+
+
+def _steps_sql() -> str:
+    return f"""
+SELECT run_id, kind, pid, tid, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND end > start
+  AND (kind = 'step' OR (kind = 'nvtx' AND match(name, {{pattern:String}})))
+ORDER BY run_id, s LIMIT {MAX_STEPS * 4} BY run_id"""
+
+
+def _work_sql() -> str:
+    return f"""
+SELECT run_id, kind, name, gpu, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND end > start
+  AND ((kind IN ('kernel', 'memcpy', 'memset') AND gpu >= 0) OR kind = 'cuda_api')
+LIMIT {MAX_WORK_ROWS + 1}"""
+
+
+def _telemetry_sql() -> str:
+    return f"""
+SELECT gpu, run_id AS series, metric, {NS}(ts) AS t, value FROM {{db}}.samples
+WHERE host = {{host:String}} AND gpu IN {{gpus:Array(Int16)}} AND pid = 0
+  AND metric IN ('{GPU_ENERGY}', '{GPU_UTIL}') AND ts >= fromUnixTimestamp64Nano({{lo:Int64}}, 'UTC')
+  AND ts < fromUnixTimestamp64Nano({{hi:Int64}}, 'UTC')
+ORDER BY gpu, series, t"""
+
+
+def _pick_steps(found: pa.Table, run: Mapping[str, Any], options: VerdictOptions) -> Steps:
+    """The run's steps: step events, else pattern-matching NVTX ranges; on the thread with the most."""
+    kinds = found.column("kind").to_numpy(zero_copy_only=False) if found.num_rows else np.zeros(0, object)
+    for kind, source in (("step", "steps"), ("nvtx", f"NVTX ranges matching {options.step_pattern!r}")):
+        rows = found.filter(pa.array(kinds == kind)) if found.num_rows else found
+        if not rows.num_rows:
+            continue
+        threads = np.char.add(
+            rows.column("pid").to_numpy().astype(str), "/" + rows.column("tid").to_numpy().astype(str)
+        )
+        names, counts = np.unique(threads, return_counts=True)
+        mine = threads == names[np.argmax(counts)]
+        s, e = rows.column("s").to_numpy()[mine], rows.column("e").to_numpy()[mine]
+        keep = outermost(s, e)
+        return Steps(s[keep][:MAX_STEPS], e[keep][:MAX_STEPS], source)
+    return windows(int(run["start_ns"]), int(run["until_ns"]), options.window_ns)
+
+
+def _batch(run: Mapping[str, Any]) -> float | None:
+    """Items per step, where the run declares its batch size (a tag, else an attribute)."""
+    for mapping in (dict(run["tags"]), dict(run["attrs"])):
+        for key in BATCH_KEYS:
+            try:
+                value = float(mapping[key])
+            except (KeyError, ValueError):
+                continue
+            if math.isfinite(value) and value > 0:
+                return value
+    return None
+
+
+def gather(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]],
+    gpus: Mapping[str, tuple[int, ...]],
+    options: VerdictOptions,
+    fetch: Fetch,
+) -> list[RunEvidence]:
+    """Each run's kept steps and figures. `groups`: "A"/"B" -> rows of compare_runs; `gpus`: each
+    run's GPU indices (query/rungpus.py) for its telemetry."""
+    runs = [(group, run) for group, members in groups.items() for run in members]
+    run_ids = [run["run_id"] for _, run in runs]
+    found = fetch(_steps_sql(), {"run_ids": run_ids, "pattern": options.step_pattern})
+    work = fetch(_work_sql(), {"run_ids": run_ids})
+    if work.num_rows > MAX_WORK_ROWS:
+        raise QueryError("runs", f"more than {MAX_WORK_ROWS} GPU operations and API calls; compare fewer runs")
+    labels, names = _labels(work)
+    evidence = []
+    for group, run in runs:
+        mine = found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows else found
+        steps = _pick_steps(mine, run, options)
+        dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
+        steps = Steps(steps.starts[dropped:], steps.ends[dropped:], steps.source)
+        item = RunEvidence(run, group, steps, dropped, _batch(run))
+        _figures(item, work, labels, names)
+        if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
+            _telemetry(item, gpus[run["run_id"]], fetch)
+        evidence.append(item)
+    return evidence
+
+
+def _labels(work: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Each work row's part: its kernel name (the MAX_PARTS names of most total time; others are
+    OTHER), or its kind of memory operation; -1 for API calls."""
+    if not work.num_rows:
+        return np.zeros(0, np.int64), []
+    kind = work.column("kind").to_numpy(zero_copy_only=False)
+    label: np.ndarray = np.array(work.column("name").to_pylist(), dtype=object)
+    for memory, part in MEMORY_PARTS.items():
+        label[kind == memory] = part
+    length = work.column("e").to_numpy() - work.column("s").to_numpy()
+    kernel = kind == "kernel"
+    found = np.unique(label[kernel], return_inverse=True)
+    totals = np.bincount(found[1], weights=length[kernel], minlength=len(found[0]))
+    kept = found[0][np.argsort(-totals)[:MAX_PARTS]]
+    label[kernel & ~np.isin(label, kept)] = OTHER
+    work_rows = kind != "cuda_api"
+    coded = np.unique(label[work_rows], return_inverse=True)
+    names, codes = coded[0], coded[1]
+    labels = np.full(work.num_rows, -1, np.int64)
+    labels[work_rows] = codes
+    return labels, names.tolist()
+
+
+def _figures(item: RunEvidence, work: pa.Table, labels: np.ndarray, names: list[str]) -> None:
+    if not work.num_rows or not len(item.steps.starts):
+        return
+    mine = work.column("run_id").to_numpy(zero_copy_only=False) == item.run["run_id"]
+    api = mine & (labels < 0)
+    gpu_work = mine & (labels >= 0)
+    if not gpu_work.any():
+        return
+    s, e = work.column("s").to_numpy(), work.column("e").to_numpy()
+    gpus = work.column("gpu").to_numpy()
+    own = Work(s[gpu_work], e[gpu_work], gpus[gpu_work], labels[gpu_work], names, s[api], e[api])
+    item.parts, item.busy = step_parts(item.steps, own)
+
+
+def _telemetry(item: RunEvidence, gpus: tuple[int, ...], fetch: Fetch) -> None:
+    """Energy per step (the counters' rises summed over the run's GPUs, one agent's series per GPU:
+    the one with the most readings) and GPU utilisation per step (the mean of the samples inside)."""
+    run, steps = item.run, item.steps
+    found = fetch(_telemetry_sql(), {"host": run["host"], "gpus": list(gpus), "lo": int(steps.starts[0]) - 10**9,
+                                     "hi": int(steps.ends[-1]) + 10**9})  # fmt: skip
+    if not found.num_rows:
+        return
+    gpu, series, metric = (found.column(c).to_numpy(zero_copy_only=False) for c in ("gpu", "series", "metric"))
+    t, value = found.column("t").to_numpy(), found.column("value").to_numpy()
+    energy = np.zeros(len(steps.starts))
+    counted = False
+    for one in np.unique(gpu):
+        counter = (gpu == one) & (metric == GPU_ENERGY)
+        if not counter.any():
+            continue
+        during = counter & (t >= steps.starts[0]) & (t < steps.ends[-1])
+        names, counts = np.unique(series[during if during.any() else counter], return_counts=True)
+        chosen = counter & (series == names[np.argmax(counts)])
+        energy += counter_rise(steps, t[chosen], value[chosen])
+        counted = True
+    if counted:
+        item.energy = energy
+    util = metric == GPU_UTIL
+    if util.any():
+        item.util = mean_inside(steps, t[util], value[util])
+
+
+# --- the answer ---------------------------------------------------------------------------------------
+
+
+def _per_run(
+    evidence: Sequence[RunEvidence], group: str, measure: str
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The group's per-step values of a measure (and weights, for ratios of sums); [] when a run lacks it."""
+    values, weights = [], []
+    for item in (e for e in evidence if e.group == group):
+        length = item.steps.lengths.astype(np.float64)
+        if measure == "step_time":
+            values.append(length)
+        elif measure == "throughput":
+            if item.batch is None:
+                return [], None
+            values.append(np.full(len(length), item.batch))
+            weights.append(length / 1e9)
+        elif measure == "gpu_busy":
+            if item.busy is None:
+                return [], None
+            values.append(100 * item.busy)
+            weights.append(length)
+        else:
+            series = item.energy if measure == "energy" else item.util
+            if series is None:
+                return [], None
+            values.append(series[np.isfinite(series)])
+    return values, weights if weights else None
+
+
+def _available(evidence: Sequence[RunEvidence], measure: str) -> bool:
+    if measure == "step_time" and any(item.steps.source.startswith("windows") for item in evidence):
+        return False
+    return all(sum(map(len, _per_run(evidence, group, measure)[0])) for group in ("A", "B"))
+
+
+MEASURES_SCHEMA = pa.schema([
+    ("measure", pa.string()), ("unit", pa.string()), ("a", pa.float64()), ("b", pa.float64()),
+    ("change", pa.float64()), ("low", pa.float64()), ("high", pa.float64()), ("verdict", pa.string()),
+    ("more_runs", pa.int64()), ("runs_a", pa.int64()), ("runs_b", pa.int64()), ("steps_a", pa.int64()),
+    ("steps_b", pa.int64()), ("evidence", pa.string()),
+])  # fmt: skip
+PARTS_SCHEMA = pa.schema([
+    ("part", pa.string()), ("a_ns", pa.float64()), ("b_ns", pa.float64()), ("delta_ns", pa.float64()),
+    ("low_ns", pa.float64()), ("high_ns", pa.float64()),
+])  # fmt: skip
+RUNS_SCHEMA = pa.schema([
+    ("group", pa.string()), ("run_id", pa.string()), ("name", pa.string()), ("steps_from", pa.string()),
+    ("warmup_dropped", pa.int64()), ("steps", pa.int64()), ("mean_step_ns", pa.float64()),
+    ("batch", pa.float64()),
+])  # fmt: skip
+
+
+def measures_table(evidence: Sequence[RunEvidence], options: VerdictOptions) -> pa.Table:
+    """One row per measure: A's and B's figures, B's relative change with its interval, the word."""
+    rows = []
+    wanted = options.measures or tuple(MEASURES)
+    for name in wanted:
+        if not _available(evidence, name):
+            if options.measures:
+                rows.append({"measure": name, "unit": MEASURES[name].unit, "verdict": "not measured"})
+            continue
+        sides = {}
+        for group in ("A", "B"):
+            values, weights = _per_run(evidence, group, name)
+            sides[group] = (group_of(values, weights), sum(len(v) for v in values))
+        (a, steps_a), (b, steps_b) = sides["A"], sides["B"]
+        measure = MEASURES[name]
+        diff = relative_difference(a, b, options.min_effect, measure.words, measure.lower_is_better)
+        rows.append(_measure_row(name, measure, diff, a, b, steps_a, steps_b))
+    return pa.Table.from_pylist(rows, schema=MEASURES_SCHEMA)
+
+
+def _measure_row(name: str, measure: Measure, diff: Difference, a: Group, b: Group, steps_a: int,
+                 steps_b: int) -> dict[str, Any]:  # fmt: skip
+    units = "runs" if a.runs > 1 and b.runs > 1 else "batches of steps (one run: run-to-run spread not measured)"
+    return {
+        "measure": name, "unit": measure.unit, "a": diff.a, "b": diff.b, "change": diff.change, "low": diff.low,
+        "high": diff.high, "verdict": diff.word, "more_runs": diff.more_runs, "runs_a": a.runs, "runs_b": b.runs,
+        "steps_a": steps_a, "steps_b": steps_b, "evidence": units,
+    }  # fmt: skip
+
+
+def parts_table(evidence: Sequence[RunEvidence]) -> pa.Table:
+    """The step-time difference in parts that add up to it (ns per step, B - A, with intervals),
+    largest |difference| first; empty unless every run has GPU work inside its steps."""
+    if not evidence or any(item.parts is None for item in evidence):
+        return PARTS_SCHEMA.empty_table()
+    names = sorted({name for item in evidence for name in item.parts or {}})
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        sides = []
+        for group in ("A", "B"):
+            members = [item for item in evidence if item.group == group]
+            values = [(item.parts or {}).get(name, np.zeros(len(item.steps.starts))) for item in members]
+            sides.append(group_of(values))
+        delta, low, high = absolute_difference(*sides)
+        rows.append({"part": name, "a_ns": sides[0].estimate, "b_ns": sides[1].estimate, "delta_ns": delta,
+                     "low_ns": low, "high_ns": high})  # fmt: skip
+    rows.sort(key=lambda row: (-abs(row["delta_ns"]), row["part"]))
+    return pa.Table.from_pylist(rows, schema=PARTS_SCHEMA)
+
+
+def runs_table(evidence: Sequence[RunEvidence]) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"group": item.group, "run_id": item.run["run_id"], "name": item.run["name"], "steps_from": item.steps.source,
+         "warmup_dropped": item.dropped, "steps": len(item.steps.starts),
+         "mean_step_ns": float(item.steps.lengths.mean()) if len(item.steps.starts) else None, "batch": item.batch}
+        for item in evidence
+    ], schema=RUNS_SCHEMA)  # fmt: skip

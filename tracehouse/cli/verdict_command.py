@@ -1,0 +1,159 @@
+"""`tracehouse verdict A B`: is B faster than A, by how much, how sure, and why; exit 1 when
+`--fail-if-slower` is passed (a CI gate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tracehouse.cli.options import (
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    _add_client_security,
+    _add_server_option,
+    _client_security,
+    _duration,
+)
+
+MEASURES = ("step_time", "throughput", "gpu_busy", "energy", "gpu_util")
+EXIT_SLOWER = 1
+
+
+def _fraction(text: str) -> float:
+    """2% or 0.02 -> 0.02."""
+    shown = text.strip()
+    try:
+        value = float(shown[:-1]) / 100 if shown.endswith("%") else float(shown)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (2%) or a fraction (0.02)") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie between 0 and 100 %")
+    return value
+
+
+def _measures(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in MEASURES:
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(MEASURES)}")
+    return names
+
+
+def _skip(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must not be negative")
+    return value
+
+
+def group(text: str) -> list[str] | dict[str, str]:
+    """A group on the command line: RUN[,RUN...] (ids or names), or KEY=VALUE[,KEY=VALUE...]
+    (every run carrying all those tags: repeats, a matrix cell)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("a group is RUN[,RUN...] or KEY=VALUE[,KEY=VALUE...]")
+    tagged = ["=" in item for item in items]
+    if any(tagged) and not all(tagged):
+        raise argparse.ArgumentTypeError(f"{text!r} mixes runs and tags: a group is one or the other")
+    if all(tagged):
+        pairs = [item.partition("=") for item in items]
+        if any(not key.strip() for key, _, _ in pairs):
+            raise argparse.ArgumentTypeError(f"{text!r}: a tag is KEY=VALUE")
+        return {key.strip(): value for key, _, value in pairs}
+    return items
+
+
+def _add_verdict(commands: Any) -> None:
+    verdict = commands.add_parser(
+        "verdict", help="is B faster than A, by how much, how sure, and why",
+        description="Compare two groups of runs step by step: B's change per measure with a 95 %% interval, "
+        "and where the step-time difference comes from. A group is RUN[,RUN...] or KEY=VALUE[,KEY=VALUE...].",
+    )  # fmt: skip
+    verdict.add_argument("a", type=group, metavar="A", help="the baseline: runs (ids or names) or tags")
+    verdict.add_argument("b", type=group, metavar="B", help="the candidate, likewise")
+    verdict.add_argument("--measure", type=_measures, default=[], metavar="M[,M...]",
+                         help=f"of {', '.join(MEASURES)} (default every one both groups hold)")  # fmt: skip
+    verdict.add_argument("--skip", type=_skip, default=None, metavar="N",
+                         help="leave out the first N steps of each run (default: warm-up detected)")  # fmt: skip
+    verdict.add_argument("--steps", default="", metavar="REGEX",
+                         help="NVTX ranges so named are steps where a run has none (default: step, iteration, "
+                         "ProfilerStep#N, ...)")  # fmt: skip
+    verdict.add_argument("--window", type=_duration, default=0, metavar="DURATION",
+                         help="runs without steps: compare windows this long (default 10s)")  # fmt: skip
+    verdict.add_argument("--min-effect", type=_fraction, default=0.0, metavar="PCT",
+                         help="the smallest change worth telling (default 2%%)")  # fmt: skip
+    verdict.add_argument("--fail-if-slower", type=_fraction, default=None, metavar="PCT",
+                         help="exit 1 when B may be slower than this (the upper bound of its slowdown)")  # fmt: skip
+    verdict.add_argument("--format", choices=("table", "json", "markdown"), default="table",
+                         help="table for people; json for programs (exact ns); markdown for a PR comment")  # fmt: skip
+    verdict.add_argument("--timeout", type=float, default=120.0, help="seconds (default %(default)s)")
+    _add_server_option(verdict)
+    _add_client_security(verdict)
+
+
+def _label(side: list[str] | dict[str, str]) -> str:
+    return ",".join(side) if isinstance(side, list) else ",".join(f"{k}={v}" for k, v in side.items())
+
+
+def run_verdict(args: argparse.Namespace) -> int:
+    from query.client import Client, QueryFailed
+
+    client = Client(args.server, timeout=args.timeout, security=_client_security(args))
+    try:
+        frames = client.verdict(args.a, args.b, args.measure, args.skip, args.steps, args.window, args.min_effect)
+    except QueryFailed as error:
+        print(f"tracehouse: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+    finally:
+        client.close()
+    _print(frames, args)
+    return _gate(frames["measures"], args.fail_if_slower) if args.fail_if_slower is not None else 0
+
+
+def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
+    from query import verdict_text
+    from tracehouse.cli.output import _jsonable, table_text
+
+    if args.format == "json":
+        document = {name: [{k: _jsonable(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+                    for name, frame in frames.items()}  # fmt: skip
+        print(json.dumps(document))
+    elif args.format == "markdown":
+        print(verdict_text.markdown(frames, (_label(args.a), _label(args.b))), end="")
+    else:
+        print(verdict_text.headline(frames["measures"]))
+        print()
+        print(table_text(verdict_text.measures_rows(frames["measures"])), end="")
+        if not frames["parts"].empty:
+            print("\nWhere the step time went (per step, B - A)")
+            print(table_text(verdict_text.parts_rows(frames["parts"])), end="")
+        print()
+        print(table_text(verdict_text.runs_rows(frames["runs"])), end="")
+
+
+def _gate(measures: Any, threshold: float) -> int:
+    """EXIT_SLOWER when B's slowdown may pass `threshold`: the upper bound of the step-time change,
+    else of the throughput loss; a gate with neither measured fails too (EXIT_USAGE)."""
+    from tracehouse.units import missing
+
+    rows = {row["measure"]: row for row in measures.to_dict(orient="records")}
+    high = rows.get("step_time", {}).get("high")
+    low = rows.get("throughput", {}).get("low")
+    if not missing(high):
+        worst, what = float(high), "step time"
+    elif not missing(low):
+        worst, what = -float(low), "throughput loss"
+    else:
+        print("tracehouse: --fail-if-slower needs a step time or throughput with an interval; neither was measured",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if worst > threshold:
+        print(f"tracehouse: B may be up to {100 * worst:.1f} % slower ({what}); the limit is {100 * threshold:g} %",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_SLOWER
+    return 0
