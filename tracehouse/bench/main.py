@@ -83,6 +83,12 @@ def _main(args: argparse.Namespace) -> int:
         up, down = result["server_up"], result["server_down"]
         kept = up["stored_steps"] == up["recorded_steps"] and up["dropped_records"] == down["dropped_records"] == 0
         return 0 if kept else 1
+    if args.what == "verdict":
+        from tracehouse.bench.verdict import bench_verdict
+
+        result = bench_verdict(args.trials)
+        print(json.dumps(result, indent=2))
+        return 0 if result["goal"]["met"] else 1
     if args.what == "run":
         from tracehouse.bench.run import bench_run
 

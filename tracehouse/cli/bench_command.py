@@ -74,6 +74,8 @@ def _add_bench(commands: Any) -> None:
         "--ack-target-ms", type=_ack_target_ms, default=DEFAULT_TARGET_MS, metavar="MS",
         help="--writers: the server's --ack-target-ms (default %(default)s)",
     )  # fmt: skip
+    verdict = sub.add_parser("verdict", help="how often verdict is right on runs with a known change, beside baselines")
+    verdict.add_argument("--trials", type=_positive, default=200, help="seeded trials per case (default %(default)s)")
     run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
     run.add_argument(
         "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"

@@ -1,0 +1,139 @@
+"""`tracehouse bench verdict`: how often the verdict is right, on seeded synthetic runs with a known
+truth (tracehouse/bench/verdict_runs.py), beside two baselines on the same runs: every step taken
+as an independent sample (Welch's t over the pooled steps), and the percentile bootstrap that
+resamples runs, then steps within them. Then the time one verdict takes through a real server
+and store, beside `compare` of the same runs."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from query.verdict_stats import LEVEL, NO_CHANGE, group_of, relative_difference, warmup_steps
+from tracehouse.bench.verdict_runs import COPY_NS, KERNELS, LAUNCH_NS, LOAD_NS, RunShape, synthetic_run
+
+GEMM = "sgemm_128x64_nn"
+RUNS = 3
+RESAMPLES = 1000
+T0 = 1_790_000_000_000_000_000
+
+Interval = tuple[float, float]
+
+
+def _kept(seed: int, shape: RunShape) -> np.ndarray:
+    steps = synthetic_run(f"r{seed}", seed, T0, shape)[1].step_ns.astype(np.float64)
+    return steps[warmup_steps(steps) :]
+
+
+def _ours(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[Interval, str]:
+    difference = relative_difference(group_of(a), group_of(b), 0.02, ("faster", "slower"), True)
+    return (difference.low or math.nan, difference.high or math.nan), difference.word
+
+
+def _pooled(a: list[np.ndarray], b: list[np.ndarray]) -> Interval:
+    """Every step an independent sample: Welch's t on log step times."""
+    x, y = np.log(np.concatenate(a)), np.log(np.concatenate(b))
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    half = float(stats.t.ppf(0.5 + LEVEL / 2, df)) * math.sqrt(vx + vy)
+    centre = float(np.log(np.mean(np.exp(y))) - np.log(np.mean(np.exp(x))))
+    return math.expm1(centre - half), math.expm1(centre + half)
+
+
+def _bootstrap(a: list[np.ndarray], b: list[np.ndarray], rng: np.random.Generator) -> Interval:
+    """Resample runs, then steps within each: the percentile interval of the ratio of group means."""
+
+    def means(runs: list[np.ndarray]) -> np.ndarray:
+        picked = rng.integers(0, len(runs), size=(RESAMPLES, len(runs)))
+        run_means = np.array([[runs[i][rng.integers(0, len(runs[i]), len(runs[i]))].mean() for i in row]
+                              for row in picked])  # fmt: skip
+        return run_means.mean(axis=1)
+
+    ratio = means(b) / means(a) - 1
+    tail = 100 * (1 - LEVEL) / 2
+    return float(np.percentile(ratio, tail)), float(np.percentile(ratio, 100 - tail))
+
+
+def _rates(trials: int, b_shape: RunShape, truth: float) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    methods: dict[str, Callable[[list[np.ndarray], list[np.ndarray]], Interval]] = {
+        "verdict": lambda a, b: _ours(a, b)[0], "pooled_steps": _pooled,
+        "bootstrap_runs_then_steps": lambda a, b: _bootstrap(a, b, rng),
+    }  # fmt: skip
+    covered = dict.fromkeys(methods, 0)
+    changed = dict.fromkeys(methods, 0)
+    words: dict[str, int] = {}
+    for seed in range(trials):
+        a = [_kept(seed * 1000 + i, RunShape()) for i in range(RUNS)]
+        b = [_kept(seed * 1000 + 500 + i, b_shape) for i in range(RUNS)]
+        word = _ours(a, b)[1]
+        words[word] = words.get(word, 0) + 1
+        for name, method in methods.items():
+            low, high = method(a, b)
+            covered[name] += low <= truth <= high
+            changed[name] += low > 0 or high < 0
+    return {"truth": truth, "words": words,
+            "interval_covers_truth": {name: n / trials for name, n in covered.items()},
+            "says_changed": {name: n / trials for name, n in changed.items()}}  # fmt: skip
+
+
+def _timed(trials: int) -> dict[str, Any]:
+    """Seconds for one verdict of 3 runs against 3 through a real server and store, and for `compare`."""
+    import grpc
+
+    from ingest.store import Store
+    from query.client import Client
+    from tracehouse.cli.serve import create_server
+    from tracehouse.model import DEFAULT_LIMITS
+    from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
+
+    with tempfile.TemporaryDirectory(prefix="tracehouse-bench-verdict-") as folder:
+        store = Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS)
+        server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
+        try:
+            address = f"127.0.0.1:{server.port}"
+            with grpc.insecure_channel(address) as channel:
+                stub, t0 = ingest_pb2_grpc.IngestStub(channel), T0
+                for i, shape in enumerate(
+                    [RunShape(steps=1000)] * RUNS + [RunShape(steps=1000, longer={GEMM: 0.03})] * RUNS
+                ):
+                    builder, truth = synthetic_run(f"run{i}", i, t0, shape)
+                    stub.Write(ingest_pb2.WriteRequest(batch=builder.build()), timeout=60)
+                    t0 += int(truth.step_ns.sum()) + 10**9
+            a, b = [f"run{i}" for i in range(RUNS)], [f"run{i}" for i in range(RUNS, 2 * RUNS)]
+            with Client(address, timeout=120) as client:
+                seconds: dict[str, list[float]] = {"verdict": [], "compare": []}
+                for _ in range(trials):
+                    started = time.perf_counter()
+                    client.verdict(a, b)
+                    seconds["verdict"].append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    client.compare([*a, *b])
+                    seconds["compare"].append(time.perf_counter() - started)
+        finally:
+            server.stop(grace=1)
+            store.close()
+    median = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"runs": 2 * RUNS, "steps_per_run": 1000, "median_s": median,
+            "verdict_over_compare": median["verdict"] / median["compare"]}  # fmt: skip
+
+
+def bench_verdict(trials: int) -> dict[str, Any]:
+    step = LOAD_NS + COPY_NS + sum(KERNELS.values()) + LAUNCH_NS * (len(KERNELS) + 2)
+    same = _rates(trials, RunShape(), 0.0)
+    longer = _rates(trials, RunShape(longer={GEMM: 0.03}), 0.03 * KERNELS[GEMM] / step)
+    return {
+        "trials": trials, "runs_per_group": RUNS,
+        "a_vs_a": {**same, "verdict_no_detectable_change": same["words"].get(NO_CHANGE, 0) / trials},
+        "kernel_3pct_longer": longer,
+        "time": _timed(5),
+        "goal": {"a_vs_a_no_change_at_least": 0.95, "coverage_at_least": 0.95,
+                 "met": same["words"].get(NO_CHANGE, 0) / trials >= 0.95
+                 and longer["interval_covers_truth"]["verdict"] >= 0.95},
+    }  # fmt: skip
