@@ -1,5 +1,6 @@
 """The Runs and Compare pages under Streamlit's AppTest, against the real server: Compare opens
-with its one-sentence answer and a short table of key figures; both pages count a run's GPUs as
+with the verdict (B slower or faster per step, and where the step time went), then its
+one-sentence answer and a short table of key figures; both pages count a run's GPUs as
 `compare` does."""
 
 from __future__ import annotations
@@ -7,22 +8,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pandas as pd
 import pytest
 import streamlit as st
 
-from query.client import Client
+from query import verdict_text
+from query.client import Client, QueryFailed
 from query.headline import compare_headline, key_figures
 from tests.helpers import MS, T0, S, request
 from tests.test_ui import open_app
 from tracehouse.batch import BatchBuilder
+from tracehouse.bench.verdict_runs import RunShape, synthetic_run
 from tracehouse.metrics import GPU_UTIL
 from tracehouse.v1 import ingest_pb2_grpc
 from ui.data import plain
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
 HOST = "node-ui"
+NO_STEPS = ("No verdict: these runs have no steps to compare (training steps, NVTX step ranges), "
+            "nor GPU work or telemetry long enough to cut into windows.")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +73,7 @@ def test_compare_opens_with_the_answer_and_the_key_figures(
     headline = compare_headline(runs, changes)
     assert headline == "run late is 20.0 % faster than run early (10 s → 8 s). Biggest change: gemm -500 ms (-55.6 %)."
     assert [s.value for s in app.success] == [plain(headline, 2000)], "the answer comes first"
+    assert [i.value for i in app.info] == [NO_STEPS] and not app.table, "runs without steps: no verdict, briefly"
     figures = app.dataframe[0].value
     pd.testing.assert_frame_equal(figures, key_figures(runs))
     assert list(figures.columns) == ["Figure", "A", "B", "Change"], "four short columns: no horizontal scroll"
@@ -84,3 +91,43 @@ def test_runs_page_counts_gpus_as_compare_does(
     listed = app.dataframe[0].value.set_index("run")["gpus"].to_dict()
     compared = client.compare(scene).set_index("run_id")["gpus"].to_dict()
     assert listed == compared == {"agent-ui": 2, "early": 1, "late": 1, "user-ui": 2}
+
+
+def test_compare_opens_with_the_verdict(
+    address: str, client: Client, ingest: ingest_pb2_grpc.IngestStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's sgemm 5 % longer: the page says B is slower per step, in a warning, and names sgemm
+    among the parts; the pages' other content follows as before."""
+    before, _ = synthetic_run("before", 1, T0, RunShape())
+    after, _ = synthetic_run("after", 2, T0 + 10 * S, RunShape(longer={"sgemm_128x64_nn": 0.05}))
+    for batch in (before, after):
+        ingest.Write(request(batch), timeout=60)
+    app = open_app(address, monkeypatch, "compare", a="before", b="after")
+    verdict = client.verdict(["before"], ["after"])
+    said = verdict_text.headline(verdict["measures"])
+    assert said.startswith("B is slower than A: step time +"), said
+    assert [w.value for w in app.warning] == [plain(said, 2000)], "the verdict first, as a warning"
+    assert not app.error
+    measures, parts, steps = (t.value for t in app.table)
+    pd.testing.assert_frame_equal(measures, verdict_text.measures_rows(verdict["measures"]).set_index("measure"))
+    assert measures.loc["step time", "verdict"] == "slower"
+    assert parts.index[0] == "sgemm_128x64_nn" and parts.index[-1] == "step time", list(parts.index)
+    assert list(parts.columns) == ["A per step", "B per step", "B - A", "95 % interval"]
+    pd.testing.assert_frame_equal(parts, verdict_text.parts_rows(verdict["parts"]).set_index("part"))
+    assert sorted(steps["run id"]) == ["after", "before"]
+    assert [e.label for e in app.expander][:2] == ["The runs' steps (warm-up left out)", "Every figure of both runs"]
+    assert len(app.success) == 1 and "faster" not in app.success[0].value, "the two runs' answer still follows"
+    pd.testing.assert_frame_equal(app.dataframe[0].value, key_figures(client.compare(["before", "after"])))
+
+
+def test_a_failed_verdict_leaves_the_rest_of_the_page(
+    address: str, scene: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **options: object) -> None:
+        raise QueryFailed(grpc.StatusCode.INVALID_ARGUMENT, "too many steps")
+
+    monkeypatch.setattr(Client, "verdict", refuse)
+    app = open_app(address, monkeypatch, "compare", a="early", b="late")
+    assert [w.value for w in app.warning] == ["No verdict for these runs. Refused: too many steps"]
+    assert "faster" in app.success[0].value and not app.error, "the page goes on"
+    assert list(app.dataframe[0].value.columns) == ["Figure", "A", "B", "Change"]

@@ -48,25 +48,33 @@ def _answer(address: str, method: str, args: tuple[Any, ...], options: tuple[tup
 
 def ask(method: str, *args: Any, **options: Any) -> Any:
     """A Client method's answer; on failure the page shows why and stops."""
+    answer, why = attempt(method, *args, **options)
+    if why:
+        st.error(why)
+        st.stop()
+    return answer
+
+
+def attempt(method: str, *args: Any, **options: Any) -> tuple[Any, str]:
+    """A Client method's answer and "", or None and why not (in markdown), for a part of a page
+    that the rest can do without. The Client's methods by name ("runs", "compare", "diff",
+    "verdict", ...); the answers cached for ANSWER_TTL_S."""
     address = default_server()
     try:
-        return _answer(address, method, args, tuple(sorted(options.items())))
+        return _answer(address, method, args, tuple(sorted(options.items()))), ""
     except SecurityError as error:
-        st.error(f"The UI's credentials cannot be used: {plain(str(error), 2000)}")
-        st.stop()
+        return None, f"The UI's credentials cannot be used: {plain(str(error), 2000)}"
     except QueryFailed as failure:
         if failure.code in UNREACHABLE:
             run = command()
-            st.error(
+            return None, (
                 f"Cannot reach the tracehouse server at {plain(address)}: {plain(failure.message, 2000)}\n\n"
                 f"Start everything with `{run} up`, or the server alone with `{run} serve`; "
                 f"to use another server, run `{run} ui --server HOST:PORT`."
             )
-        elif failure.code in REFUSED:
-            st.error(f"Refused: {plain(failure.message, 2000)}")
-        else:
-            st.error(f"The server could not answer: {plain(failure.message, 2000)}")
-        st.stop()
+        if failure.code in REFUSED:
+            return None, f"Refused: {plain(failure.message, 2000)}"
+        return None, f"The server could not answer: {plain(failure.message, 2000)}"
 
 
 def stop_if_empty() -> None:

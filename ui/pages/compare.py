@@ -1,18 +1,56 @@
-"""Two runs side by side: the answer in one sentence, their key figures (duration, GPUs, busy %,
+"""Two runs side by side: first the verdict (is B faster than A per step, how sure, and where the
+step time went), then the answer in one sentence, their key figures (duration, GPUs, busy %,
 utilisation, memory peak, energy), then kernels, CUDA API and memory operations matched by name,
 the biggest changes first; every other column in expanders."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from query.headline import compare_headline, key_figures
+from query.verdict_text import headline, measures_rows, parts_rows, runs_rows
+from tracehouse.shortnames import unique_short_names
+from ui import figures
 from ui.controls import run_label
-from ui.data import ask, plain, stop_if_empty
+from ui.data import ask, attempt, plain, stop_if_empty
 from ui.tables import styled, table
 
 SUMMARIES = ("kernels", "api", "memops")
 CHANGE_COLUMNS = ("category", "name", "total_ns_a", "total_ns_b", "delta_ns", "delta_pct")
+NOT_MEASURED = "not measured"
+VERDICT_BOX = {"faster": st.success, "slower": st.warning}  # any other word: st.info
+
+
+def short_parts(parts: pd.DataFrame) -> pd.DataFrame:
+    """Kernels' C++ signatures in the short form the changes table below shows them in."""
+    labels = unique_short_names(parts["part"].astype(str), figures.BAR_LABEL_WIDTH)
+    return parts.assign(part=parts["part"].astype(str).map(labels))
+
+
+def show_verdict(run_a: str, run_b: str) -> None:
+    """The verdict of B against A per step, in small static tables (the explorer's grids are for
+    the long tables below); without steps, or when the verdict fails, a line saying so."""
+    frames, why = attempt("verdict", (run_a,), (run_b,))
+    if why:
+        st.warning(f"No verdict for these runs. {why}")
+        return
+    measures: pd.DataFrame = frames["measures"]
+    known = measures[measures["verdict"] != NOT_MEASURED] if not measures.empty else measures
+    if known.empty:
+        st.info(
+            "No verdict: these runs have no steps to compare (training steps, NVTX step ranges), "
+            "nor GPU work or telemetry long enough to cut into windows."
+        )
+        return
+    VERDICT_BOX.get(str(known.iloc[0]["verdict"]), st.info)(plain(headline(measures), 2000))
+    st.table(measures_rows(measures).set_index("measure"))
+    if not frames["parts"].empty:
+        st.markdown("**Where the step time went** (per step, B - A)")
+        st.table(parts_rows(short_parts(frames["parts"])).set_index("part"))
+    with st.expander("The runs' steps (warm-up left out)"):
+        st.table(runs_rows(frames["runs"]).set_index("group"))
+
 
 st.title("Compare")
 stop_if_empty()
@@ -46,6 +84,8 @@ if {"a": run_a, "b": run_b} != {k: params.get(k) for k in ("a", "b")}:
 if run_a == run_b:
     st.info("Pick two different runs.")
     st.stop()
+show_verdict(run_a, run_b)
+st.divider()  # the verdict per step above, the two runs' totals below
 runs = ask("compare", (run_a, run_b))
 st.success(plain(compare_headline(runs, ask("diff", run_a, run_b)), 2000))
 st.caption(f"A: {plain(labels.get(run_a, run_a))} · B: {plain(labels.get(run_b, run_b))}")
