@@ -327,6 +327,7 @@ class Client:
         """Is B faster than A: each a list of runs (ids or names) or a mapping of tags that select
         its runs. {"measures": per measure a, b, change (b/a - 1), low, high (95 % interval), verdict,
         more_runs, ...; "parts": the step-time difference in parts that add up to it, ns per step;
+        "phases": the same difference by phase (the ranges inside the steps, and the time outside them);
         "runs": per run its group, where its steps came from, warm-up dropped, steps kept}."""
         request = query_pb2.VerdictRequest(
             a=_run_group(a), b=_run_group(b), measures=list(measures), step_pattern=step_pattern,
@@ -335,7 +336,7 @@ class Client:
         if skip is not None:
             request.skip = skip
         answer = self._call("Verdict", request)
-        return {"measures": frame_of(answer.measures), "parts": frame_of(answer.parts), "runs": frame_of(answer.runs)}
+        return {name: frame_of(getattr(answer, name)) for name in ("measures", "parts", "phases", "runs")}
 
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
         """Read-only SQL; returns the result and whether it was truncated at max_rows."""

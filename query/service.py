@@ -389,13 +389,13 @@ class QueryService(query_pb2_grpc.QueryServicer):
         compared = compare_table(runs, 1, self._rows_of).to_pylist()
         gpus = {row["run_id"]: tuple(int(g) for g in (row["gpu_indices"] or "").split(",") if g) for row in compared}
         evidence = verdict.gather(groups, gpus, options, self.store.query)
-        measures, parts, listed = (verdict.measures_table(evidence, options), verdict.parts_table(evidence),
-                                   verdict.runs_table(evidence))  # fmt: skip
-        return query_pb2.VerdictResponse(
-            measures=query_pb2.Table(arrow_ipc=ipc_bytes(measures), rows=measures.num_rows),
-            parts=query_pb2.Table(arrow_ipc=ipc_bytes(parts), rows=parts.num_rows),
-            runs=query_pb2.Table(arrow_ipc=ipc_bytes(listed), rows=listed.num_rows),
-        )
+        tables = {
+            "measures": verdict.measures_table(evidence, options), "parts": verdict.parts_table(evidence),
+            "phases": verdict.parts_table(evidence, "phases"), "runs": verdict.runs_table(evidence),
+        }  # fmt: skip
+        return query_pb2.VerdictResponse(**{
+            name: query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows) for name, table in tables.items()
+        })  # fmt: skip
 
     def _group(self, group: query_pb2.RunGroup, field: str) -> list[dict[str, Any]]:
         """One side's runs: those named, or those carrying every tag; with steps or not."""

@@ -29,6 +29,7 @@ from query.verdict_steps import (
     counter_rise,
     mean_inside,
     outermost,
+    phase_parts,
     step_parts,
     windows,
 )
@@ -103,6 +104,7 @@ class RunEvidence:
     batch: float | None
     busy: np.ndarray | None = None
     parts: dict[str, np.ndarray] | None = None
+    phases: dict[str, np.ndarray] | None = None
     energy: np.ndarray | None = None
     util: np.ndarray | None = None
 
@@ -113,6 +115,13 @@ SELECT run_id, kind, pid, tid, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.even
 WHERE run_id IN {{run_ids:Array(String)}} AND end > start
   AND (kind = 'step' OR (kind = 'nvtx' AND match(name, {{pattern:String}})))
 ORDER BY run_id, s LIMIT {MAX_STEPS * 4} BY run_id"""
+
+
+def _phases_sql() -> str:
+    return f"""
+SELECT run_id, pid, tid, name, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND kind IN ('phase', 'nvtx') AND end > start
+ORDER BY run_id, s LIMIT {MAX_STEPS * 16} BY run_id"""
 
 
 def _work_sql() -> str:
@@ -146,7 +155,8 @@ def _pick_steps(found: pa.Table, run: Mapping[str, Any], options: VerdictOptions
         mine = threads == names[np.argmax(counts)]
         s, e = rows.column("s").to_numpy()[mine], rows.column("e").to_numpy()[mine]
         keep = outermost(s, e)
-        return Steps(s[keep][:MAX_STEPS], e[keep][:MAX_STEPS], source)
+        pid, tid = rows.column("pid").to_numpy()[mine][0], rows.column("tid").to_numpy()[mine][0]
+        return Steps(s[keep][:MAX_STEPS], e[keep][:MAX_STEPS], source, (int(pid), int(tid)))
     return windows(int(run["start_ns"]), int(run["until_ns"]), options.window_ns)
 
 
@@ -178,14 +188,16 @@ def gather(
     if work.num_rows > MAX_WORK_ROWS:
         raise QueryError("runs", f"more than {MAX_WORK_ROWS} GPU operations and API calls; compare fewer runs")
     labels, names = _labels(work)
+    ranges = fetch(_phases_sql(), {"run_ids": run_ids})
     evidence = []
     for group, run in runs:
         mine = found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows else found
         steps = _pick_steps(mine, run, options)
         dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
-        steps = Steps(steps.starts[dropped:], steps.ends[dropped:], steps.source)
+        steps = steps.after(dropped)
         item = RunEvidence(run, group, steps, dropped, _batch(run))
         _figures(item, work, labels, names)
+        _phases(item, ranges)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
             _telemetry(item, gpus[run["run_id"]], fetch)
         evidence.append(item)
@@ -227,6 +239,18 @@ def _figures(item: RunEvidence, work: pa.Table, labels: np.ndarray, names: list[
     gpus = work.column("gpu").to_numpy()
     own = Work(s[gpu_work], e[gpu_work], gpus[gpu_work], labels[gpu_work], names, s[api], e[api])
     item.parts, item.busy = step_parts(item.steps, own)
+
+
+def _phases(item: RunEvidence, ranges: pa.Table) -> None:
+    """The step's time by phase: the ranges of its thread inside it (query/verdict_steps.py)."""
+    if item.steps.thread is None or not ranges.num_rows or not len(item.steps.starts):
+        return
+    pid, tid = item.steps.thread
+    mine = pc.and_(pc.equal(ranges.column("run_id"), item.run["run_id"]),
+                   pc.and_(pc.equal(ranges.column("pid"), pid), pc.equal(ranges.column("tid"), tid)))  # fmt: skip
+    own = ranges.filter(mine)
+    names = np.array(own.column("name").to_pylist(), dtype=object)
+    item.phases = phase_parts(item.steps, own.column("s").to_numpy(), own.column("e").to_numpy(), names) or None
 
 
 def _telemetry(item: RunEvidence, gpus: tuple[int, ...], fetch: Fetch) -> None:
@@ -311,9 +335,13 @@ RUNS_SCHEMA = pa.schema([
 
 
 def measures_table(evidence: Sequence[RunEvidence], options: VerdictOptions) -> pa.Table:
-    """One row per measure: A's and B's figures, B's relative change with its interval, the word."""
+    """One row per measure: A's and B's figures, B's relative change with its interval, the word;
+    throughput first when the runs' batch sizes differ (the step then does different work)."""
     rows = []
     wanted = options.measures or tuple(MEASURES)
+    batches = {item.group: item.batch for item in evidence}
+    if "throughput" in wanted and len(set(batches.values())) > 1:  # per step means less when steps differ
+        wanted = ("throughput", *(name for name in wanted if name != "throughput"))
     for name in wanted:
         if not _available(evidence, name):
             if options.measures:
@@ -340,18 +368,20 @@ def _measure_row(name: str, measure: Measure, diff: Difference, a: Group, b: Gro
     }  # fmt: skip
 
 
-def parts_table(evidence: Sequence[RunEvidence]) -> pa.Table:
+def parts_table(evidence: Sequence[RunEvidence], by: str = "parts") -> pa.Table:
     """The step-time difference in parts that add up to it (ns per step, B - A, with intervals),
-    largest |difference| first; empty unless every run has GPU work inside its steps."""
-    if not evidence or any(item.parts is None for item in evidence):
+    largest |difference| first: `by` "parts" (kernels, memory operations, GPU idle; empty unless
+    every run has GPU work inside its steps) or "phases" (empty unless every run has phases)."""
+    split = {id(item): item.parts if by == "parts" else item.phases for item in evidence}
+    if not evidence or any(found is None for found in split.values()):
         return PARTS_SCHEMA.empty_table()
-    names = sorted({name for item in evidence for name in item.parts or {}})
+    names = sorted({name for found in split.values() for name in found or {}})
     rows: list[dict[str, Any]] = []
     for name in names:
         sides = []
         for group in ("A", "B"):
             members = [item for item in evidence if item.group == group]
-            values = [(item.parts or {}).get(name, np.zeros(len(item.steps.starts))) for item in members]
+            values = [(split[id(item)] or {}).get(name, np.zeros(len(item.steps.starts))) for item in members]
             sides.append(group_of(values))
         delta, low, high = absolute_difference(*sides)
         rows.append({"part": name, "a_ns": sides[0].estimate, "b_ns": sides[1].estimate, "delta_ns": delta,

@@ -28,6 +28,11 @@ class Steps:
     starts: np.ndarray
     ends: np.ndarray
     source: str  # "steps", "nvtx ranges matching ...", or "windows of ..."
+    thread: tuple[int, int] | None = None  # (pid, tid) the steps ran on; None for windows
+
+    def after(self, dropped: int) -> Steps:
+        """The steps past the first `dropped`."""
+        return Steps(self.starts[dropped:], self.ends[dropped:], self.source, self.thread)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -125,6 +130,28 @@ def _own_time(steps: Steps, s: np.ndarray, e: np.ndarray, labels: np.ndarray, na
         clipped = np.minimum(e[meets], steps.ends[k]) - np.maximum(s[meets], steps.starts[k])
         np.add.at(out, (k, labels[meets]), np.maximum(clipped, 0))
     return out
+
+
+OUTSIDE_PHASES = "outside phases"
+
+
+def phase_parts(steps: Steps, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> dict[str, np.ndarray]:
+    """Per step, the time of each phase inside it (ranges of the steps' thread, sorted by start, that
+    lie inside one step and are not the step itself; nested ones count in the outermost) and the
+    rest, OUTSIDE_PHASES: they add up to the step's time. No phase inside any step: none."""
+    n = len(steps.starts)
+    step = np.searchsorted(steps.starts, starts, side="right") - 1
+    safe = np.maximum(step, 0)
+    inside = (step >= 0) & (ends <= steps.ends[safe]) & ~((starts == steps.starts[safe]) & (ends == steps.ends[safe]))
+    starts, ends, names, step = starts[inside], ends[inside], names[inside], step[inside]
+    keep = outermost(starts, ends)
+    starts, ends, names, step = starts[keep], ends[keep], names[keep], step[keep]
+    if not len(starts):
+        return {}
+    parts = {str(name): np.bincount(step[names == name], weights=(ends - starts)[names == name], minlength=n)
+             for name in np.unique(names)}  # fmt: skip
+    parts[OUTSIDE_PHASES] = steps.lengths - np.sum(list(parts.values()), axis=0)
+    return parts
 
 
 def counter_rise(steps: Steps, times: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import pandas as pd
 from tracehouse.units import duration, missing, number, percent
 
 PARTS_SHOWN = 10
+TITLES = {"parts": "Where the step time went (per step, B - A)", "phases": "By phase (per step, B - A)"}
 LABELS = {"step_time": "step time", "throughput": "throughput", "gpu_busy": "GPU busy", "energy": "energy per step",
           "gpu_util": "GPU utilisation"}  # fmt: skip
 
@@ -23,6 +24,8 @@ def _value(unit: str, value: float | None) -> str:
         return duration(value)
     if unit == "%":
         return percent(value)
+    if unit == "items/s":
+        return f"{number(value)} items/s"
     return number(value, unit)
 
 
@@ -43,7 +46,7 @@ def _said(row: pd.Series) -> str:
     word = str(row["verdict"])
     if word == "too noisy to tell" and not missing(row.get("more_runs")):
         runs = int(row["more_runs"])
-        return f"too noisy to tell: about {runs} more run{'s' if runs != 1 else ''} per group would"
+        return f"too noisy to tell: about {runs} more run{'s' if runs != 1 else ''} per group would tell"
     return word
 
 
@@ -125,7 +128,8 @@ def markdown(frames: dict[str, pd.DataFrame], names: Sequence[str]) -> str:
     """The whole verdict as Markdown: headline, measures, parts, runs. `names`: A's and B's labels."""
     text = [f"### tracehouse verdict: {names[1]} (B) vs {names[0]} (A)", "", headline(frames["measures"]), "",
             markdown_table(measures_rows(frames["measures"]))]  # fmt: skip
-    if not frames["parts"].empty:
-        text += ["#### Where the step time went (per step)", "", markdown_table(parts_rows(frames["parts"]))]
+    for name, title in TITLES.items():
+        if not frames.get(name, pd.DataFrame()).empty:
+            text += [f"#### {title}", "", markdown_table(parts_rows(frames[name]))]
     text += ["<details><summary>Runs</summary>", "", markdown_table(runs_rows(frames["runs"])), "</details>", ""]
     return "\n".join(text)

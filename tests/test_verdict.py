@@ -4,9 +4,11 @@ path (real server, real store, the CLI) on a few of them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import grpc
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import MS, T0
 
@@ -126,6 +128,10 @@ def test_a_data_loading_stall_is_put_on_the_idle_gpu(stored: str) -> None:
     measures = frames["measures"].set_index("measure")
     assert list(measures.index) == ["step_time", "gpu_busy"]
     assert measures.loc["gpu_busy", "verdict"] == "less busy"
+    phases = frames["phases"].set_index("part")
+    assert frames["phases"]["part"].iloc[0] == "data"
+    assert phases.loc["data", "low_ns"] <= 2 * MS / 10 <= phases.loc["data", "high_ns"]
+    assert phases.loc["outside phases", "delta_ns"] == pytest.approx(0, abs=1)
 
 
 def test_the_gate_fails_when_b_may_be_slower_than_allowed(stored: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,3 +214,27 @@ def test_bench_verdict_counts_right_answers_beside_its_baselines(capsys: pytest.
         "verdict", "pooled_steps", "bootstrap_runs_then_steps"
     }  # fmt: skip
     assert result["time"]["median_s"]["verdict"] > 0
+
+
+def test_demo_train_at_two_batch_sizes_gives_the_same_verdict_on_every_rerun(
+    address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real workload: demo-train on the CPU, three repeats at each of two batch sizes."""
+    pytest.importorskip("torch")
+    from tracehouse import config
+    from tracehouse.channel import ClientSecurity
+    from tracehouse.cli import demo_train
+
+    monkeypatch.setenv(config.ENV_HOME, str(tmp_path))
+    for batch, arm in ((64, "small"), (1024, "big")):
+        for _ in range(3):
+            demo_train.train(steps=30, server=address, security=ClientSecurity(), batch=batch, tags={"arm": arm})
+    with Client(address, timeout=120) as client:
+        first, again = (client.verdict({"arm": "small"}, {"arm": "big"}) for _ in range(2))
+    for name, frame in first.items():
+        pd.testing.assert_frame_equal(frame, again[name])
+    step = first["measures"].set_index("measure").loc["step_time"]
+    assert (step["verdict"], step["runs_a"], step["runs_b"]) == ("slower", 3, 3)
+    assert set(first["runs"]["batch"]) == {64.0, 1024.0}
+    assert first["measures"]["measure"].iloc[0] == "throughput"  # batch sizes differ: work per step differs
+    assert {"dataloader", "forward", "backward", "optimizer"} <= set(first["phases"]["part"])

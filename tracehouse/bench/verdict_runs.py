@@ -70,6 +70,8 @@ def synthetic_run(
     builder.add_events("step", starts, starts + step_ns, "step", pid=PID, tid=TID,
                        extras=[{"step": str(i)} for i in range(n)])  # fmt: skip
     at = starts + load  # the host starts launching
+    builder.add_events("phase", starts, at, "data", pid=PID, tid=TID, depth=1)
+    builder.add_events("phase", at, starts + step_ns, "compute", pid=PID, tid=TID, depth=1)
     work_start = at + LAUNCH_NS
     builder.add_events("cuda_api", at, at + LAUNCH_NS, "cudaMemcpyAsync", pid=PID, tid=TID)
     builder.add_events("memcpy", work_start, work_start + copy, "[CUDA memcpy HtoD]", gpu=0, stream=7, pid=PID,

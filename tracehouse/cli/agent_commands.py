@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tracehouse import config
+from tracehouse.cli.demo_train import BATCH
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -90,6 +91,11 @@ def _add_demo_train(commands: Any) -> None:
         "demo-train", help="train a small PyTorch model, recorded and profiled, then import its trace (needs torch)"
     )
     demo.add_argument("--steps", type=_positive, default=30, help="training steps (default %(default)s)")
+    demo.add_argument("--batch", type=_positive, default=BATCH, help="samples per step (default %(default)s)")
+    demo.add_argument(
+        "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE",
+        help="tag the run (repeats of one setting share a tag: tracehouse verdict arm=a arm=b)",
+    )  # fmt: skip
     _add_server_option(demo)
     demo.add_argument(
         "--trace-dir", type=Path, default=None, metavar="DIR", help="keep the profiler's trace here (default: removed)"
@@ -143,7 +149,8 @@ def run_demo_train(args: argparse.Namespace) -> int:
     from tracehouse.cli.demo_train import TorchMissing, train
 
     try:
-        result = train(args.steps, args.server or config.default_server(), _client_security(args), args.trace_dir)
+        result = train(args.steps, args.server or config.default_server(), _client_security(args), args.trace_dir,
+                       batch=args.batch, tags=dict(args.tag))  # fmt: skip
     except TorchMissing as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_USAGE

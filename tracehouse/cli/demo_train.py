@@ -18,6 +18,7 @@ import importlib.util
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ def train(
     security: ClientSecurity | None = None,
     trace_dir: Path | None = None,
     host: str | None = None,
+    batch: int = BATCH,
+    tags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train for `steps` steps, profile a few of them, import the trace; returns what was
     recorded: the run id, the device, the trace (its path when kept in `trace_dir`, else only its
@@ -85,8 +88,8 @@ def train(
         folder = trace_dir or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"demo-train-{time.time_ns()}.pt.trace.json.gz"
-        tags = {"demo": "true", "device": device, "model": "mlp", "batch": str(BATCH)}
-        with tracehouse.run("demo-train", tags=tags, server=server, security=security, host=host) as run:
+        run_tags = {"demo": "true", "device": device, "model": "mlp", "batch": str(batch), **(tags or {})}
+        with tracehouse.run("demo-train", tags=run_tags, server=server, security=security, host=host) as run:
             profiling = False
             try:
                 for i in range(steps):
@@ -97,7 +100,7 @@ def train(
                     tracehouse.step(i)
                     with tracehouse.phase("dataloader"):
                         time.sleep(LOADER_SECONDS)
-                        x = torch.randn(BATCH, FEATURES, device=device)
+                        x = torch.randn(batch, FEATURES, device=device)
                         y = teacher(x).argmax(dim=1)
                     with tracehouse.phase("forward"):
                         loss = loss_of(model(x), y)
@@ -109,7 +112,7 @@ def train(
                         decay.step()
                     tracehouse.scalar("loss", loss.detach())  # read on tracehouse's thread: no sync here
                     tracehouse.scalar("lr", optimizer.param_groups[0]["lr"])
-                    tracehouse.scalar("samples_per_s", BATCH / (time.perf_counter() - started))
+                    tracehouse.scalar("samples_per_s", batch / (time.perf_counter() - started))
                     if i == last:
                         profiler.stop()
                         profiling = False

@@ -129,25 +129,28 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
         print(verdict_text.headline(frames["measures"]))
         print()
         print(table_text(verdict_text.measures_rows(frames["measures"])), end="")
-        if not frames["parts"].empty:
-            print("\nWhere the step time went (per step, B - A)")
-            print(table_text(verdict_text.parts_rows(frames["parts"])), end="")
+        for name, title in verdict_text.TITLES.items():
+            if not frames[name].empty:
+                print(f"\n{title}")
+                print(table_text(verdict_text.parts_rows(frames[name])), end="")
         print()
         print(table_text(verdict_text.runs_rows(frames["runs"])), end="")
 
 
 def _gate(measures: Any, threshold: float) -> int:
-    """EXIT_SLOWER when B's slowdown may pass `threshold`: the upper bound of the step-time change,
-    else of the throughput loss; a gate with neither measured fails too (EXIT_USAGE)."""
+    """EXIT_SLOWER when B's slowdown may pass `threshold`: the upper bound of the step-time change or
+    of the throughput loss, whichever the answer lists first (throughput when the batch sizes
+    differ); a gate with neither measured fails too (EXIT_USAGE)."""
     from tracehouse.units import missing
 
-    rows = {row["measure"]: row for row in measures.to_dict(orient="records")}
-    high = rows.get("step_time", {}).get("high")
-    low = rows.get("throughput", {}).get("low")
-    if not missing(high):
-        worst, what = float(high), "step time"
-    elif not missing(low):
-        worst, what = -float(low), "throughput loss"
+    worst, what = None, ""
+    for row in measures.to_dict(orient="records"):  # the first of the two, in the answer's order
+        if row["measure"] == "step_time" and not missing(row["high"]):
+            worst, what = float(row["high"]), "step time"
+        elif row["measure"] == "throughput" and not missing(row["low"]):
+            worst, what = -float(row["low"]), "throughput loss"
+        if worst is not None:
+            break
     else:
         print("tracehouse: --fail-if-slower needs a step time or throughput with an interval; neither was measured",
               file=sys.stderr)  # fmt: skip
