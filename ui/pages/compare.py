@@ -48,6 +48,9 @@ def show_verdict(run_a: str, run_b: str) -> None:
     if not frames["parts"].empty:
         st.markdown("**Where the step time went** (per step, B - A)")
         st.table(parts_rows(short_parts(frames["parts"])).set_index("part"))
+    if not frames["phases"].empty:
+        st.markdown("**By phase** (per step, B - A)")
+        st.table(parts_rows(frames["phases"]).set_index("part"))
     with st.expander("The runs' steps (warm-up left out)"):
         st.table(runs_rows(frames["runs"]).set_index("group"))
 
