@@ -108,7 +108,9 @@ def test_compare_opens_with_the_verdict(
     assert said.startswith("B is slower than A: step time +"), said
     assert [w.value for w in app.warning] == [plain(said, 2000)], "the verdict first, as a warning"
     assert not app.error
-    measures, parts, steps = (t.value for t in app.table)
+    measures, parts, phases, steps = (t.value for t in app.table)
+    pd.testing.assert_frame_equal(phases, verdict_text.parts_rows(verdict["phases"]).set_index("part"))
+    assert {"data", "compute", "outside phases", "step time"} == set(phases.index)
     pd.testing.assert_frame_equal(measures, verdict_text.measures_rows(verdict["measures"]).set_index("measure"))
     assert measures.loc["step time", "verdict"] == "slower"
     assert parts.index[0] == "sgemm_128x64_nn" and parts.index[-1] == "step time", list(parts.index)
