@@ -206,7 +206,7 @@ def test_bad_requests_name_the_field(stored: str, capsys: pytest.CaptureFixture[
 
 
 def test_bench_verdict_counts_right_answers_beside_its_baselines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "verdict", "--trials", "4"]) == 0
+    assert main(["bench", "verdict", "--trials", "4", "--served-trials", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["a_vs_a"]["verdict_no_detectable_change"] == 1.0
     assert result["kernel_3pct_longer"]["says_changed"]["verdict"] == 1.0
@@ -214,6 +214,7 @@ def test_bench_verdict_counts_right_answers_beside_its_baselines(capsys: pytest.
         "verdict", "pooled_steps", "bootstrap_runs_then_steps"
     }  # fmt: skip
     assert result["time"]["median_s"]["verdict"] > 0
+    assert result["attribution"]["stall_every_10th_step"]["largest_part_is_the_cause"] == 1.0
 
 
 def test_demo_train_at_two_batch_sizes_gives_the_same_verdict_on_every_rerun(

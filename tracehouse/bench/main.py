@@ -86,7 +86,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.what == "verdict":
         from tracehouse.bench.verdict import bench_verdict
 
-        result = bench_verdict(args.trials)
+        result = bench_verdict(args.trials, args.served_trials)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
     if args.what == "run":

@@ -6,10 +6,11 @@ and store, beside `compare` of the same runs."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -83,57 +84,114 @@ def _rates(trials: int, b_shape: RunShape, truth: float) -> dict[str, Any]:
             "says_changed": {name: n / trials for name, n in changed.items()}}  # fmt: skip
 
 
-def _timed(trials: int) -> dict[str, Any]:
-    """Seconds for one verdict of 3 runs against 3 through a real server and store, and for `compare`."""
+@contextlib.contextmanager
+def _served() -> Iterator[tuple[Any, Any]]:
+    """A real server over a real store in a scratch folder: (the Ingest stub, a Query client)."""
     import grpc
 
     from ingest.store import Store
     from query.client import Client
     from tracehouse.cli.serve import create_server
     from tracehouse.model import DEFAULT_LIMITS
-    from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
+    from tracehouse.v1 import ingest_pb2_grpc
 
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-verdict-") as folder:
         store = Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS)
         server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
+        address = f"127.0.0.1:{server.port}"
         try:
-            address = f"127.0.0.1:{server.port}"
-            with grpc.insecure_channel(address) as channel:
-                stub, t0 = ingest_pb2_grpc.IngestStub(channel), T0
-                for i, shape in enumerate(
-                    [RunShape(steps=1000)] * RUNS + [RunShape(steps=1000, longer={GEMM: 0.03})] * RUNS
-                ):
-                    builder, truth = synthetic_run(f"run{i}", i, t0, shape)
-                    stub.Write(ingest_pb2.WriteRequest(batch=builder.build()), timeout=60)
-                    t0 += int(truth.step_ns.sum()) + 10**9
-            a, b = [f"run{i}" for i in range(RUNS)], [f"run{i}" for i in range(RUNS, 2 * RUNS)]
-            with Client(address, timeout=120) as client:
-                seconds: dict[str, list[float]] = {"verdict": [], "compare": []}
-                for _ in range(trials):
-                    started = time.perf_counter()
-                    client.verdict(a, b)
-                    seconds["verdict"].append(time.perf_counter() - started)
-                    started = time.perf_counter()
-                    client.compare([*a, *b])
-                    seconds["compare"].append(time.perf_counter() - started)
+            with grpc.insecure_channel(address) as channel, Client(address, timeout=120) as client:
+                yield ingest_pb2_grpc.IngestStub(channel), client
         finally:
             server.stop(grace=1)
             store.close()
+
+
+class _Writer:
+    """Stores synthetic runs one after another on one host's timeline."""
+
+    def __init__(self, stub: Any) -> None:
+        self.stub, self.t0 = stub, T0
+
+    def write(self, run_id: str, seed: int, shape: RunShape) -> None:
+        from tracehouse.v1 import ingest_pb2
+
+        builder, truth = synthetic_run(run_id, seed, self.t0, shape)
+        self.stub.Write(ingest_pb2.WriteRequest(batch=builder.build()), timeout=60)
+        self.t0 += int(truth.step_ns.sum()) + 10**9
+
+
+STALL = RunShape(stall_every=10, stall_ns=2_000_000)
+IDLE = "GPU idle, host elsewhere"
+
+
+def _attributed(trials: int, stub: Any, client: Any) -> dict[str, Any]:
+    """Per trial, 3 runs of A, of B with the kernel 3 % longer and of B with a stall every 10th step,
+    through the server: how often the largest part is the cause, and its interval covers the truth
+    (the kernel: 3 % of its time per step; the stall: its time per kept step, from the warm-up each
+    run dropped)."""
+    writer, longer = _Writer(stub), RunShape(longer={GEMM: 0.03})
+    for trial in range(trials):
+        for i in range(RUNS):
+            for arm, shape in (("a", RunShape()), ("k", longer), ("s", STALL)):
+                writer.write(f"{arm}{trial}.{i}", 7_000_000 + trial * 100 + i * 10 + ord(arm), shape)
+    found = {"kernel_3pct_longer": [0, 0], "stall_every_10th_step": [0, 0]}
+    for trial in range(trials):
+        runs = {arm: [f"{arm}{trial}.{i}" for i in range(RUNS)] for arm in "aks"}
+        kernel = client.verdict(runs["a"], runs["k"], measures=["step_time"])["parts"]
+        found["kernel_3pct_longer"][0] += kernel["part"].iloc[0] == GEMM
+        found["kernel_3pct_longer"][1] += _covers(kernel, GEMM, 0.03 * KERNELS[GEMM])
+        stall = client.verdict(runs["a"], runs["s"], measures=["step_time"])
+        kept = stall["runs"][stall["runs"]["group"] == "B"]["warmup_dropped"]
+        stalls = [sum((k + 1) % STALL.stall_every == 0 for k in range(d, STALL.steps)) for d in kept]
+        truth = float(np.mean([STALL.stall_ns * n / (STALL.steps - d) for n, d in zip(stalls, kept, strict=True)]))
+        found["stall_every_10th_step"][0] += stall["parts"]["part"].iloc[0] == IDLE
+        found["stall_every_10th_step"][1] += _covers(stall["parts"], IDLE, truth)
+    return {case: {"largest_part_is_the_cause": named / trials, "its_interval_covers_truth": covered / trials}
+            for case, (named, covered) in found.items()}  # fmt: skip
+
+
+def _covers(parts: Any, part: str, truth: float) -> bool:
+    row = parts.set_index("part").loc[part]
+    return bool(row["low_ns"] <= truth <= row["high_ns"])
+
+
+def _timed(repeats: int, stub: Any, client: Any) -> dict[str, Any]:
+    """Seconds for one verdict of 3 runs against 3 (1,000 steps each), and for `compare` of them."""
+    writer = _Writer(stub)
+    shapes = [RunShape(steps=1000)] * RUNS + [RunShape(steps=1000, longer={GEMM: 0.03})] * RUNS
+    for i, shape in enumerate(shapes):
+        writer.write(f"long{i}", i, shape)
+    a, b = [f"long{i}" for i in range(RUNS)], [f"long{i}" for i in range(RUNS, 2 * RUNS)]
+    seconds: dict[str, list[float]] = {"verdict": [], "compare": []}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        client.verdict(a, b)
+        seconds["verdict"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        client.compare([*a, *b])
+        seconds["compare"].append(time.perf_counter() - started)
     median = {name: float(np.median(values)) for name, values in seconds.items()}
     return {"runs": 2 * RUNS, "steps_per_run": 1000, "median_s": median,
             "verdict_over_compare": median["verdict"] / median["compare"]}  # fmt: skip
 
 
-def bench_verdict(trials: int) -> dict[str, Any]:
+def bench_verdict(trials: int, served_trials: int) -> dict[str, Any]:
     step = LOAD_NS + COPY_NS + sum(KERNELS.values()) + LAUNCH_NS * (len(KERNELS) + 2)
     same = _rates(trials, RunShape(), 0.0)
     longer = _rates(trials, RunShape(longer={GEMM: 0.03}), 0.03 * KERNELS[GEMM] / step)
+    with _served() as (stub, client):
+        attributed = _attributed(served_trials, stub, client)
+        timed = _timed(5, stub, client)
+    no_change = same["words"].get(NO_CHANGE, 0) / trials
+    parts_right = min(min(case.values()) for case in attributed.values())
     return {
         "trials": trials, "runs_per_group": RUNS,
-        "a_vs_a": {**same, "verdict_no_detectable_change": same["words"].get(NO_CHANGE, 0) / trials},
+        "a_vs_a": {**same, "verdict_no_detectable_change": no_change},
         "kernel_3pct_longer": longer,
-        "time": _timed(5),
+        "attribution": {"trials": served_trials, **attributed},
+        "time": timed,
         "goal": {"a_vs_a_no_change_at_least": 0.95, "coverage_at_least": 0.95,
-                 "met": same["words"].get(NO_CHANGE, 0) / trials >= 0.95
-                 and longer["interval_covers_truth"]["verdict"] >= 0.95},
+                 "met": no_change >= 0.95 and longer["interval_covers_truth"]["verdict"] >= 0.95
+                 and parts_right >= 0.95},
     }  # fmt: skip

@@ -76,6 +76,10 @@ def _add_bench(commands: Any) -> None:
     )  # fmt: skip
     verdict = sub.add_parser("verdict", help="how often verdict is right on runs with a known change, beside baselines")
     verdict.add_argument("--trials", type=_positive, default=200, help="seeded trials per case (default %(default)s)")
+    verdict.add_argument(
+        "--served-trials", type=_positive, default=100, metavar="N",
+        help="trials through a real server, for the parts (default %(default)s)",
+    )  # fmt: skip
     run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
     run.add_argument(
         "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"
