@@ -12,14 +12,17 @@ from query.window import COMPLETE, Predicates
 PHASE_METRICS = {metric.replace(".", "_"): metric for metric in ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w")}
 
 
-def _ranges(where: Predicates, materialized: bool = False) -> str:
-    """CTE `ranges`: NVTX ranges, phases and steps in the window. Materialized (computed
-    once, not once per reference) where the query says SETTINGS enable_materialized_cte = 1."""
+def _ranges(where: Predicates, materialized: bool = False, one_thread: bool = False) -> str:
+    """CTE `ranges`: NVTX ranges, phases and steps in the window; with `one_thread`, only those that
+    end on the thread they start on (Nsight Systems projects no start/end range that ends on another).
+    Materialized (computed once, not once per reference) where the query says
+    SETTINGS enable_materialized_cte = 1."""
     return f"""
 ranges AS {"MATERIALIZED " if materialized else ""}(
     SELECT id AS range_id, run_id, host, {SCOPE} AS scope, kind, name, pid, tid, depth,
            extras['style'] AS style, {NS}(start) AS rs, {NS}(end) AS re
     FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
+    {"AND NOT mapContains(extras, 'end_tid')" if one_thread else ""}
 )"""
 
 
@@ -67,18 +70,19 @@ projection AS (
 
 
 def nvtx_gpu_summary(where: Predicates) -> Query:
-    """Per range name: instances, range time, and the projected GPU time of the ranges."""
+    """Per range name and style (as nvtx_gpu_proj_sum): instances, range time, and the projected GPU
+    time of the ranges."""
     # output names never reuse an input column's name: ClickHouse would read the alias instead
     sql = f"""
-WITH {_ranges(where, materialized=True)},
+WITH {_ranges(where, materialized=True, one_thread=True)},
 {_projection("ranges")}
-SELECT name, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
+SELECT name, style, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
        if(countIf(ops > 0) = 0, NULL, {capped_sum("projected")}) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
        quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
        max(projected) AS gpu_max_ns,
        multiIf(countIf(ops > 0) > 1, stddevSamp(projected), countIf(ops > 0) = 1, 0, NULL) AS gpu_stddev_ns,
        sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
-FROM projection GROUP BY name ORDER BY gpu_total_ns DESC, name
+FROM projection GROUP BY name, style ORDER BY gpu_total_ns DESC, name, style
 SETTINGS enable_materialized_cte = 1"""
     return sql, where.params
 
@@ -86,7 +90,7 @@ SETTINGS enable_materialized_cte = 1"""
 def nvtx_gpu_ranges(where: Predicates, limit: int) -> Query:
     """The first `limit` ranges in start order, each with its projection: only their work is read."""
     sql = f"""
-WITH {_ranges(where)},
+WITH {_ranges(where, one_thread=True)},
 first_ranges AS (SELECT * FROM ranges ORDER BY rs, range_id LIMIT {{limit:UInt32}}),
 {_projection("first_ranges")}
 SELECT range_id, kind, name, style, depth, pid, tid, rs AS start_ns, re AS end_ns, re - rs AS duration_ns,

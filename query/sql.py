@@ -214,6 +214,7 @@ class SummaryKind:
     kinds: tuple[str, ...]  # event kinds it covers
     measure: str  # what it sums per event
     unit: str  # suffix of the measure's columns
+    styled: bool = False  # grouped by name and style (push/pop or start/end), as nsys's nvtx_sum
 
 
 # nsys stats reports: cuda_gpu_kern_sum, cuda_api_sum, cuda_gpu_mem_time_sum, nvtx_sum,
@@ -223,33 +224,36 @@ SUMMARIES: dict[str, SummaryKind] = {
     "api": SummaryKind(("cuda_api",), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     "memops": SummaryKind(("memcpy", "memset"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
     # NVTX ranges, and the phases and steps that agent.training records
-    "nvtx": SummaryKind(("nvtx", "phase", "step"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns"),
+    "nvtx": SummaryKind(
+        ("nvtx", "phase", "step"), "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start)", "ns", styled=True
+    ),
     "memsize": SummaryKind(("memcpy", "memset"), "toInt64(bytes)", "bytes"),
 }
 
 
 def summary(where: Predicates, kind: str, limit: int) -> tuple[str, dict[str, object]]:
-    """nsys-stats style, per name: instances, total, avg, median (the mean of the two middle
-    values for an even count), min, max, sample standard deviation (0 for one instance), and
-    the name's share of the total. An event overlapping the window counts whole. Sums are taken
-    in Int128 and answered in Int64, at most 2**63 - 1 (292 years); averages in Float64."""
+    """nsys-stats style, per name (and style, for ranges): instances, total, avg, median (the mean
+    of the two middle values for an even count), min, max, sample standard deviation (0 for one
+    instance), and the group's share of the total. An event overlapping the window counts whole. Sums
+    are taken in Int128 and answered in Int64, at most 2**63 - 1 (292 years); averages in Float64."""
     if kind not in SUMMARIES:
         raise QueryError("kind", f"{kind!r} is not one of {', '.join(SUMMARIES)}")
     spec = SUMMARIES[kind]
     u = spec.unit
+    keys = "name, style" if spec.styled else "name"
     sql = f"""
-SELECT name, instances, total_{u}, avg_{u}, med_{u}, min_{u}, max_{u}, stddev_{u},
+SELECT {keys}, instances, total_{u}, avg_{u}, med_{u}, min_{u}, max_{u}, stddev_{u},
        100 * toFloat64(total_{u}) / sum(toFloat64(total_{u})) OVER () AS {"time_pct" if u == "ns" else "pct"}
 FROM (
-    SELECT name, count() AS instances, {capped_sum("v")} AS total_{u},
+    SELECT {keys}, count() AS instances, {capped_sum("v")} AS total_{u},
            avg(toFloat64(v)) AS avg_{u},
            quantileExactInclusive(0.5)(v) AS med_{u}, min(v) AS min_{u}, max(v) AS max_{u},
            if(count() > 1, stddevSamp(v), 0) AS stddev_{u}
-    FROM (SELECT name, {spec.measure} AS v FROM {{db}}.events
+    FROM (SELECT name, {"extras['style'] AS style, " if spec.styled else ""}{spec.measure} AS v FROM {{db}}.events
           WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()})
-    GROUP BY name
+    GROUP BY {keys}
 )
-ORDER BY total_{u} DESC, name
+ORDER BY total_{u} DESC, {keys}
 {"LIMIT {limit:UInt32}" if limit else ""}
 """
     return sql, {**where.params, "summary_kinds": list(spec.kinds), "limit": limit}

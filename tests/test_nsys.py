@@ -20,7 +20,7 @@ import pytest
 from agent.shipping.writer import BatchWriter
 from agent.traces.importer import import_export
 from agent.traces.nsys import MEMCPY_KINDS, NsysError
-from agent.traces.nsys_synthetic import SESSION_START_NS, Spec, write_export
+from agent.traces.nsys_synthetic import PID, SESSION_START_NS, Spec, global_tid, write_export
 from query.client import Client, QueryFailed
 from tests.conftest import FIXTURES
 from tests.helpers import import_refused
@@ -90,7 +90,7 @@ def stored_events(client: Client, run_id: str) -> dict[str, int]:
 # -- nsys-stats semantics, computed independently from the SQLite file -----------------------
 
 
-def _stats(values_by_name: dict[str, list[int]], unit: str = "ns") -> dict[str, dict[str, float]]:
+def _stats(values_by_name: dict[Any, list[int]], unit: str = "ns") -> dict[Any, dict[str, float]]:
     totals = {name: sum(values) for name, values in values_by_name.items()}
     grand = sum(totals.values())
     return {
@@ -108,9 +108,9 @@ def _stats(values_by_name: dict[str, list[int]], unit: str = "ns") -> dict[str, 
     }
 
 
-def nsys_stats(path: Path, report: str) -> dict[str, dict[str, float]]:
+def nsys_stats(path: Path, report: str) -> dict[Any, dict[str, float]]:
     found = tables(path)
-    groups: dict[str, list[int]] = defaultdict(list)
+    groups: dict[Any, list[int]] = defaultdict(list)
     with db(path) as connection:
         if report == "kernels" and "CUPTI_ACTIVITY_KIND_KERNEL" in found:
             rows = connection.execute(
@@ -143,24 +143,27 @@ def nsys_stats(path: Path, report: str) -> dict[str, dict[str, float]]:
                 )
             }
             rows = connection.execute(
-                'SELECT n.start, n."end", n.text, s.value, n.domainId, n.globalTid FROM NVTX_EVENTS n '
+                'SELECT n.start, n."end", n.text, s.value, n.domainId, n.globalTid, n.eventType FROM NVTX_EVENTS n '
                 "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN (59, 60, 70, 71)"
             )
-            for start, end, text, registered, domain, tid in rows:
+            for start, end, text, registered, domain, tid, event_type in rows:
                 label = registered if registered is not None else text
                 prefix = domains.get((domain, (tid >> 24) & 0xFFFFFF))
-                groups[f"{prefix}:{label}" if prefix else label].append((latest if end is None else end) - start)
+                name = f"{prefix}:{label}" if prefix else label
+                style = "PushPop" if event_type in (59, 70) else "StartEnd"  # nvtx_sum's Style column
+                groups[(name, style)].append((latest if end is None else end) - start)
     return _stats(groups, "bytes" if report == "memsize" else "ns")
 
 
-def assert_same_summary(got: list[dict[str, Any]], expected: dict[str, dict[str, float]]) -> None:
-    assert {row["name"] for row in got} == set(expected)
+def assert_same_summary(got: list[dict[str, Any]], expected: dict[Any, dict[str, float]]) -> None:
+    """Rows keyed by name, or by (name, style) where the summary has styles."""
+    keys = [(row["name"], row["style"]) if "style" in row else row["name"] for row in got]
+    assert sorted(keys) == sorted(expected)
     totals = [row[next(k for k in row if k.startswith("total_"))] for row in got]
     assert totals == sorted(totals, reverse=True), "ordered by total"
-    for row in got:
-        want = expected[row["name"]]
-        for key, value in want.items():
-            assert row[key] == pytest.approx(value, rel=1e-9, abs=1e-6), (row["name"], key)
+    for key, row in zip(keys, got, strict=True):
+        for column, value in expected[key].items():
+            assert row[column] == pytest.approx(value, rel=1e-9, abs=1e-6), (key, column)
 
 
 # -- real exports ------------------------------------------------------------------------------
@@ -505,3 +508,47 @@ def test_a_reexport_of_a_profile_changes_none_of_the_first_runs_answers(
         assert after[part].equals(before[part]), after[part]
     assert client.nvtx_gpu(run=again, limit=1000)["summary"].equals(before["summary"])
     assert before["summary"].set_index("name").loc["saxpy", "kernels"] == 5
+
+
+def test_start_end_ranges_are_summarized_apart_and_projected_only_when_they_end_where_they_start(
+    tmp_path: Path, writer: BatchWriter, client: Client, address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As Nsight Systems: a name used both as push/pop and as start/end has a row per style (nvtx_sum,
+    nvtx_gpu_proj_sum), and a start/end range that ends on another thread than it started on is kept, with
+    that thread, but projected onto no GPU work (Nsight projects only ranges that start and end on one thread)."""
+    path = tmp_path / "styles.sqlite"
+    write_export(path, Spec(steps=4))
+    worker = global_tid(PID, PID + 9)
+    with sqlite3.connect(path) as export:
+        for name, end_thread, like in (
+            ("forward", "NULL", "text = 'forward'"),  # the push/pop ranges' name and times, as start/end
+            ("handoff", str(worker), "textId IS NOT NULL"),  # over each train_step, ended on another thread
+            ("joined", "globalTid", "textId IS NOT NULL"),  # ended on its own thread, said outright
+        ):
+            export.execute(
+                'INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid, endGlobalTid, domainId) '
+                f'SELECT start, "end", 60, ?, globalTid, {end_thread}, 0 FROM NVTX_EVENTS '
+                f"WHERE eventType = 59 AND {like}",
+                (name,),
+            )
+    run = import_export(path, writer).run_id
+    ranges = client.events(kinds=["nvtx"], run=run, limit=1000)
+    end_threads = {name: {x.get("end_tid") for x in extras} for name, extras in ranges.groupby("name")["extras"]}
+    assert end_threads["handoff"] == {str(PID + 9)}
+    assert all(threads == {None} for name, threads in end_threads.items() if name != "handoff"), end_threads
+
+    assert main(["query", "nvtx", "--run", run, "--server", address, "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert_same_summary(summary, nsys_stats(path, "nvtx"))
+    assert {row["style"] for row in summary if row["name"] == "forward"} == {"PushPop", "StartEnd"}
+    assert main(["query", "nvtx", "--run", run, "--server", address]) == 0
+    assert "one row per style: forward\n" in capsys.readouterr().out
+
+    projected = client.nvtx_gpu(run=run, limit=1000)
+    by_style = projected["summary"].set_index(["name", "style"])
+    assert "handoff" not in set(projected["summary"]["name"]) | set(projected["ranges"]["name"])
+    assert by_style.loc[("forward", "StartEnd"), "gpu_ops"] == by_style.loc[("forward", "PushPop"), "gpu_ops"] > 0
+    assert by_style.loc[("joined", "StartEnd"), "gpu_ops"] == by_style.loc[("train_step", "PushPop"), "gpu_ops"] > 0
+    assert main(["query", "nvtx-gpu", "--run", run, "--server", address]) == 0
+    assert "one row per style: forward\n" in capsys.readouterr().out
+    assert "handoff" in set(client.phases(run=run)["name"]), "phases take a range's time, whichever thread ends it"

@@ -260,6 +260,7 @@ LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, CAST(min
     ranges = ", ".join(map(str, NVTX_PUSHPOP + NVTX_STARTEND))
     end = 'n."end"' if has(table, "end") else "NULL"
     latest = f'(SELECT max(max(start), COALESCE(max("end"), 0)) FROM {table})'
+    # x:end_tid: the thread a start/end range ended on, where it is not the one it started on
     sql = f"""
 SELECT {_select(
     f"CASE WHEN n.eventType IN ({marks}) THEN 'mark' ELSE 'nvtx' END AS kind",
@@ -269,6 +270,9 @@ SELECT {_select(
     *_thread(inspection, table, "n"),
     _as(f"CASE WHEN n.eventType IN {NVTX_PUSHPOP} THEN 'PushPop' WHEN n.eventType IN ({marks}) THEN '' "
         "ELSE 'StartEnd' END", "x:style"),
+    _as(f"CASE WHEN n.endGlobalTid IS NULL OR n.endGlobalTid = n.globalTid THEN '' "
+        f"ELSE CAST({TID.format(col='n.endGlobalTid')} AS TEXT) END", "x:end_tid")
+    if has(table, "endGlobalTid") else "",
     _as("CASE WHEN n.color IS NULL THEN '' ELSE printf('#%08X', n.color) END", "x:color")
     if has(table, "color") else "",
     _as("COALESCE(CAST(n.category AS TEXT), '')", "x:category") if has(table, "category") else "",

@@ -196,12 +196,14 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         frame = client.events(args.kind, args.name, limit=args.limit, **_window(args))
     elif args.what in SUMMARY_KINDS:
         frame = client.summary(args.what, args.limit or 0, **_window(args))
+        note = both_styles(frame) if table else ""
     elif args.what == "gpu-time":
         gpu_time = client.gpu_time(args.min_gap, args.max_gaps or (TABLE_GAPS if table else DATA_GAPS), **_window(args))
         note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
         frame = gpu_time
     elif args.what == "nvtx-gpu":
         frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
+        note = both_styles(frame["summary"]) if table else ""
     elif args.what == "phases":
         frame = client.phases(**_window(args))
     elif args.what == "launch":
@@ -257,6 +259,18 @@ def more_gaps(gaps: pd.DataFrame, min_gap_ns: int, typed: Sequence[str]) -> str:
         f"… and {count(total - len(gaps))} more idle gaps longer than {duration(min_gap_ns)}; "
         f"{command_name()} {shlex.join(again)} lists them"
     )
+
+
+def both_styles(summary: pd.DataFrame, shown: int = 5) -> str:
+    """Range names used both as push/pop and as start/end, which have a row per style (as in nsys stats)."""
+    if "style" not in summary:
+        return ""
+    styles = summary[summary["style"] != ""].groupby("name")["style"].nunique()
+    names = sorted(styles.index[styles > 1])
+    if not names:
+        return ""
+    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return f"Used both as push/pop and as start/end ranges, so one row per style: {listed}"
 
 
 def _without(option: str, typed: Sequence[str]) -> list[str]:
