@@ -328,7 +328,8 @@ class Client:
         its runs. {"measures": per measure a, b, change (b/a - 1), low, high (95 % interval), verdict,
         more_runs, ...; "parts": the step-time difference in parts that add up to it, ns per step;
         "phases": the same difference by phase (the ranges inside the steps, and the time outside them);
-        "runs": per run its group, where its steps came from, warm-up dropped, steps kept}."""
+        "runs": per run its group, where its steps came from, warm-up dropped, steps kept};
+        frames["measures"].attrs["notes"]: what was left out and why."""
         request = query_pb2.VerdictRequest(
             a=_run_group(a), b=_run_group(b), measures=list(measures), step_pattern=step_pattern,
             window_ns=window_ns, min_effect=min_effect,
@@ -336,7 +337,9 @@ class Client:
         if skip is not None:
             request.skip = skip
         answer = self._call("Verdict", request)
-        return {name: frame_of(getattr(answer, name)) for name in ("measures", "parts", "phases", "runs")}
+        frames = {name: frame_of(getattr(answer, name)) for name in ("measures", "parts", "phases", "runs")}
+        frames["measures"].attrs["notes"] = list(answer.notes)
+        return frames
 
     def sql_arrow(self, sql: str, max_rows: int = 0) -> tuple[pa.Table, bool]:
         """Read-only SQL; returns the result and whether it was truncated at max_rows."""

@@ -388,12 +388,12 @@ class QueryService(query_pb2_grpc.QueryServicer):
         runs = [*groups["A"], *groups["B"]]
         compared = compare_table(runs, 1, self._rows_of).to_pylist()
         gpus = {row["run_id"]: tuple(int(g) for g in (row["gpu_indices"] or "").split(",") if g) for row in compared}
-        evidence = verdict.gather(groups, gpus, options, self.store.query)
+        evidence, notes = verdict.gather(groups, gpus, options, self.store.query)
         tables = {
             "measures": verdict.measures_table(evidence, options), "parts": verdict.parts_table(evidence),
             "phases": verdict.parts_table(evidence, "phases"), "runs": verdict.runs_table(evidence),
         }  # fmt: skip
-        return query_pb2.VerdictResponse(**{
+        return query_pb2.VerdictResponse(notes=notes, **{
             name: query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows) for name, table in tables.items()
         })  # fmt: skip
 

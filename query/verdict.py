@@ -43,9 +43,9 @@ DEFAULT_STEP_PATTERN = r"^(ProfilerStep#\d+|(?i:(train(ing)?[ _-]?)?(step|iter|i
 DEFAULT_WINDOW_NS = 10_000_000_000
 DEFAULT_MIN_EFFECT = 0.02
 MAX_PATTERN_BYTES = 256
-MAX_STEPS = 1_000_000  # per run
+MAX_STEPS = 100_000  # per run: the first ones
 MAX_GROUP_RUNS = 100
-MAX_WORK_ROWS = 20_000_000  # GPU work and API calls of every run together
+MAX_WORK_ROWS = 5_000_000  # GPU work and API calls of every run together; past it, no parts
 BATCH_KEYS = ("batch_size", "batch")  # tags or attrs that declare items per step
 
 
@@ -124,12 +124,27 @@ WHERE run_id IN {{run_ids:Array(String)}} AND kind IN ('phase', 'nvtx') AND end 
 ORDER BY run_id, s LIMIT {MAX_STEPS * 16} BY run_id"""
 
 
-def _work_sql() -> str:
+def _top_kernels_sql() -> str:
+    """The MAX_PARTS kernel names of most total time in the runs: each a part of its own."""
     return f"""
-SELECT run_id, kind, name, gpu, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
+SELECT name FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND kind = 'kernel' AND gpu >= 0 AND end > start
+GROUP BY name ORDER BY sum({NS}(end) - {NS}(start)) DESC, name LIMIT {MAX_PARTS}"""
+
+
+def _work_sql() -> str:
+    """The runs' GPU work and API calls as numbers only: the run's index in run_ids (from 1), the
+    part (0: an API call; 1..: a kernel name of `names`; then OTHER, memory copies, memory sets)."""
+    other = "length({names:Array(String)}) + 1"
+    return f"""
+SELECT indexOf({{run_ids:Array(String)}}, run_id) AS run, gpu,
+       multiIf(kind = 'cuda_api', 0, kind = 'kernel', if(indexOf({{names:Array(String)}}, name) > 0,
+               indexOf({{names:Array(String)}}, name), {other}), kind = 'memcpy', {other} + 1, {other} + 2) AS part,
+       {NS}(start) AS s, {NS}(end) AS e
+FROM {{db}}.events
 WHERE run_id IN {{run_ids:Array(String)}} AND end > start
   AND ((kind IN ('kernel', 'memcpy', 'memset') AND gpu >= 0) OR kind = 'cuda_api')
-LIMIT {MAX_WORK_ROWS + 1}"""
+ORDER BY run, s, e, gpu, part LIMIT {MAX_WORK_ROWS + 1}"""  # in order: the same sums, to the last bit, each time
 
 
 def _telemetry_sql() -> str:
@@ -148,11 +163,9 @@ def _pick_steps(found: pa.Table, run: Mapping[str, Any], options: VerdictOptions
         rows = found.filter(pa.array(kinds == kind)) if found.num_rows else found
         if not rows.num_rows:
             continue
-        threads = np.char.add(
-            rows.column("pid").to_numpy().astype(str), "/" + rows.column("tid").to_numpy().astype(str)
-        )
-        names, counts = np.unique(threads, return_counts=True)
-        mine = threads == names[np.argmax(counts)]
+        threads = np.stack([rows.column("pid").to_numpy().astype(np.uint64), rows.column("tid").to_numpy()])
+        _, inverse, counts = np.unique(threads, axis=1, return_inverse=True, return_counts=True)
+        mine = inverse.ravel() == np.argmax(counts)
         s, e = rows.column("s").to_numpy()[mine], rows.column("e").to_numpy()[mine]
         keep = outermost(s, e)
         pid, tid = rows.column("pid").to_numpy()[mine][0], rows.column("tid").to_numpy()[mine][0]
@@ -178,66 +191,46 @@ def gather(
     gpus: Mapping[str, tuple[int, ...]],
     options: VerdictOptions,
     fetch: Fetch,
-) -> list[RunEvidence]:
-    """Each run's kept steps and figures. `groups`: "A"/"B" -> rows of compare_runs; `gpus`: each
-    run's GPU indices (query/rungpus.py) for its telemetry."""
+) -> tuple[list[RunEvidence], list[str]]:
+    """Each run's kept steps and figures, and notes on what was left out. `groups`: "A"/"B" -> rows
+    of compare_runs; `gpus`: each run's GPU indices (query/rungpus.py) for its telemetry."""
     runs = [(group, run) for group, members in groups.items() for run in members]
     run_ids = [run["run_id"] for _, run in runs]
     found = fetch(_steps_sql(), {"run_ids": run_ids, "pattern": options.step_pattern})
-    work = fetch(_work_sql(), {"run_ids": run_ids})
-    if work.num_rows > MAX_WORK_ROWS:
-        raise QueryError("runs", f"more than {MAX_WORK_ROWS} GPU operations and API calls; compare fewer runs")
-    labels, names = _labels(work)
+    kernels = fetch(_top_kernels_sql(), {"run_ids": run_ids}).column("name").to_pylist()
+    names = [*kernels, OTHER, *MEMORY_PARTS.values()]
+    found_work = fetch(_work_sql(), {"run_ids": run_ids, "names": kernels})
+    notes: list[str] = []
+    if found_work.num_rows > MAX_WORK_ROWS:
+        notes.append(f"parts left out: the runs hold over {MAX_WORK_ROWS:,} GPU operations and API calls")
+        found_work = found_work.slice(0, 0)
+    work = {name: found_work.column(name).to_numpy() for name in ("run", "gpu", "part", "s", "e")}
     ranges = fetch(_phases_sql(), {"run_ids": run_ids})
     evidence = []
-    for group, run in runs:
+    for index, (group, run) in enumerate(runs, start=1):
         mine = found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows else found
         steps = _pick_steps(mine, run, options)
         dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
         steps = steps.after(dropped)
         item = RunEvidence(run, group, steps, dropped, _batch(run))
-        _figures(item, work, labels, names)
+        _figures(item, index, work, names)
         _phases(item, ranges)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
             _telemetry(item, gpus[run["run_id"]], fetch)
         evidence.append(item)
-    return evidence
+    return evidence, notes
 
 
-def _labels(work: pa.Table) -> tuple[np.ndarray, list[str]]:
-    """Each work row's part: its kernel name (the MAX_PARTS names of most total time; others are
-    OTHER), or its kind of memory operation; -1 for API calls."""
-    if not work.num_rows:
-        return np.zeros(0, np.int64), []
-    kind = work.column("kind").to_numpy(zero_copy_only=False)
-    label: np.ndarray = np.array(work.column("name").to_pylist(), dtype=object)
-    for memory, part in MEMORY_PARTS.items():
-        label[kind == memory] = part
-    length = work.column("e").to_numpy() - work.column("s").to_numpy()
-    kernel = kind == "kernel"
-    found = np.unique(label[kernel], return_inverse=True)
-    totals = np.bincount(found[1], weights=length[kernel], minlength=len(found[0]))
-    kept = found[0][np.argsort(-totals)[:MAX_PARTS]]
-    label[kernel & ~np.isin(label, kept)] = OTHER
-    work_rows = kind != "cuda_api"
-    coded = np.unique(label[work_rows], return_inverse=True)
-    names, codes = coded[0], coded[1]
-    labels = np.full(work.num_rows, -1, np.int64)
-    labels[work_rows] = codes
-    return labels, names.tolist()
-
-
-def _figures(item: RunEvidence, work: pa.Table, labels: np.ndarray, names: list[str]) -> None:
-    if not work.num_rows or not len(item.steps.starts):
+def _figures(item: RunEvidence, index: int, work: Mapping[str, np.ndarray], names: list[str]) -> None:
+    """The parts of each step's time from the run's own GPU work (`index`: its place in run_ids, from 1)."""
+    if not len(work["run"]) or not len(item.steps.starts):
         return
-    mine = work.column("run_id").to_numpy(zero_copy_only=False) == item.run["run_id"]
-    api = mine & (labels < 0)
-    gpu_work = mine & (labels >= 0)
+    mine = work["run"] == index
+    api, gpu_work = mine & (work["part"] == 0), mine & (work["part"] > 0)
     if not gpu_work.any():
         return
-    s, e = work.column("s").to_numpy(), work.column("e").to_numpy()
-    gpus = work.column("gpu").to_numpy()
-    own = Work(s[gpu_work], e[gpu_work], gpus[gpu_work], labels[gpu_work], names, s[api], e[api])
+    s, e = work["s"], work["e"]
+    own = Work(s[gpu_work], e[gpu_work], work["gpu"][gpu_work], work["part"][gpu_work] - 1, names, s[api], e[api])
     item.parts, item.busy = step_parts(item.steps, own)
 
 

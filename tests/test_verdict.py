@@ -229,7 +229,10 @@ def test_demo_train_at_two_batch_sizes_gives_the_same_verdict_on_every_rerun(
     monkeypatch.setenv(config.ENV_HOME, str(tmp_path))
     for batch, arm in ((64, "small"), (1024, "big")):
         for _ in range(3):
-            demo_train.train(steps=30, server=address, security=ClientSecurity(), batch=batch, tags={"arm": arm})
+            result = demo_train.train(
+                steps=30, server=address, security=ClientSecurity(), batch=batch, tags={"arm": arm}
+            )
+            assert "spooled_batches" not in result, result  # every record reached the server
     with Client(address, timeout=120) as client:
         first, again = (client.verdict({"arm": "small"}, {"arm": "big"}) for _ in range(2))
     for name, frame in first.items():
@@ -239,3 +242,17 @@ def test_demo_train_at_two_batch_sizes_gives_the_same_verdict_on_every_rerun(
     assert set(first["runs"]["batch"]) == {64.0, 1024.0}
     assert first["measures"]["measure"].iloc[0] == "throughput"  # batch sizes differ: work per step differs
     assert {"dataloader", "forward", "backward", "optimizer"} <= set(first["phases"]["part"])
+
+
+def test_past_the_limit_of_gpu_operations_the_parts_are_left_out_and_said_so(
+    stored: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from query import verdict
+
+    monkeypatch.setattr(verdict, "MAX_WORK_ROWS", 100)
+    with Client(stored, timeout=60) as client:
+        frames = client.verdict(["a1"], ["b1"])
+    assert frames["parts"].empty and frames["measures"]["measure"].iloc[0] == "step_time"
+    assert frames["measures"].attrs["notes"] == ["parts left out: the runs hold over 100 GPU operations and API calls"]
+    assert main(["verdict", "a1", "b1", "--server", stored]) == 0
+    assert "tracehouse: parts left out" in capsys.readouterr().err

@@ -122,6 +122,7 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
     if args.format == "json":
         document = {name: [{k: _jsonable(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
                     for name, frame in frames.items()}  # fmt: skip
+        document["notes"] = frames["measures"].attrs.get("notes", [])
         print(json.dumps(document))
     elif args.format == "markdown":
         print(verdict_text.markdown(frames, (_label(args.a), _label(args.b))), end="")
@@ -135,6 +136,9 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
                 print(table_text(verdict_text.parts_rows(frames[name])), end="")
         print()
         print(table_text(verdict_text.runs_rows(frames["runs"])), end="")
+    if args.format != "json":
+        for note in frames["measures"].attrs.get("notes", []):
+            print(f"tracehouse: {note}", file=sys.stderr)
 
 
 def _gate(measures: Any, threshold: float) -> int:
