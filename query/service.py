@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
+from ingest.storeerrors import StoreError, StoreUnavailable
 from query import analysis, lanes, sql, verdict
 from query.compare_answer import compare_table
 from query.window import (
@@ -381,6 +382,13 @@ class QueryService(query_pb2_grpc.QueryServicer):
             window_ns=request.window_ns or verdict.DEFAULT_WINDOW_NS,
             min_effect=request.min_effect or verdict.DEFAULT_MIN_EFFECT,
         ).check()
+        try:  # the engine's own regular expressions (RE2) decide
+            self.store.query("SELECT match('', {pattern:String}) AS matched", {"pattern": options.step_pattern})
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            raise QueryError("step_pattern", "not a regular expression RE2 accepts (no look-around, no "
+                             "back-references)") from None  # fmt: skip
         groups = {"A": self._group(request.a, "a"), "B": self._group(request.b, "b")}
         shared = {run["run_id"] for run in groups["A"]} & {run["run_id"] for run in groups["B"]}
         if shared:

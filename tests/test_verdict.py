@@ -188,6 +188,7 @@ def test_bad_requests_name_the_field(stored: str, capsys: pytest.CaptureFixture[
         for a, b, options, field in (
             (["a1"], ["a1"], {}, "b: run 'a1' is in both groups"),
             (["a1"], ["b1"], {"step_pattern": "(unclosed"}, "step_pattern: not a regular expression"),
+            (["a1"], ["b1"], {"step_pattern": r"(step)\1"}, "step_pattern: not a regular expression RE2 accepts"),
             (["a1"], ["b1"], {"measures": ["speed"]}, "measures: 'speed' is not one of"),
             (["a1"], ["b1"], {"min_effect": 2.0}, "min_effect"),
             (["a1"], ["b1"], {"window_ns": 5}, "window_ns"),
