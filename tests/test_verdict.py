@@ -60,6 +60,22 @@ def test_a_kernel_3_percent_longer_is_found_and_its_interval_covers_the_truth() 
     assert sum(d.word == "slower" for d in found) >= 0.95 * TRIALS
 
 
+def test_a_stall_every_10th_step_is_found_and_its_interval_covers_the_truth() -> None:
+    from tracehouse.bench.verdict import STALL, expected_step_ns, stall_per_step
+
+    covered = slower = 0
+    for seed in range(TRIALS):
+        a = group_of([_kept(seed * 1000 + i, RunShape()) for i in range(3)])
+        b_steps = [synthetic_run("s", seed * 1000 + 500 + i, T0, STALL)[1].step_ns.astype(np.float64) for i in range(3)]
+        dropped = [warmup_steps(steps) for steps in b_steps]
+        b = group_of([steps[d:] for steps, d in zip(b_steps, dropped, strict=True)])
+        found = relative_difference(a, b, 0.02, ("faster", "slower"), lower_is_better=True)
+        truth = np.mean([stall_per_step(d) for d in dropped]) / expected_step_ns(RunShape())
+        covered += found.low is not None and found.high is not None and found.low <= truth <= found.high
+        slower += found.word == "slower"
+    assert covered >= 0.95 * TRIALS and slower == TRIALS
+
+
 def test_one_run_per_side_measures_steps_in_batches() -> None:
     difference = _step_time_verdict(7, 1, RunShape(), RunShape(longer={GEMM: 0.10}))
     assert difference.word == "slower"
@@ -216,6 +232,7 @@ def test_bench_verdict_counts_right_answers_beside_its_baselines(capsys: pytest.
     }  # fmt: skip
     assert result["time"]["median_s"]["verdict"] > 0
     assert result["attribution"]["stall_every_10th_step"]["largest_part_is_the_cause"] == 1.0
+    assert result["stall_every_10th_step"]["says_changed"]["verdict"] == 1.0
 
 
 def test_demo_train_at_two_batch_sizes_gives_the_same_verdict_on_every_rerun(
