@@ -196,7 +196,9 @@ def _timed(repeats: int, stub: Any, client: Any) -> dict[str, Any]:
 def bench_verdict(trials: int, served_trials: int) -> dict[str, Any]:
     plain = RunShape()
     same = _rates(trials, plain, lambda dropped: 0.0)
-    longer = _rates(trials, RunShape(longer={GEMM: 0.03}), lambda dropped: 0.03 * KERNELS[GEMM] / expected_step_ns(plain))
+    longer = _rates(
+        trials, RunShape(longer={GEMM: 0.03}), lambda dropped: 0.03 * KERNELS[GEMM] / expected_step_ns(plain)
+    )
     stall = _rates(
         trials, STALL, lambda dropped: float(np.mean([stall_per_step(d) for d in dropped])) / expected_step_ns(plain)
     )
