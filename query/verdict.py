@@ -305,8 +305,8 @@ def _per_run(
 
 
 def _available(evidence: Sequence[RunEvidence], measure: str) -> bool:
-    if measure == "step_time" and any(item.steps.source.startswith("windows") for item in evidence):
-        return False
+    if measure in ("step_time", "throughput") and any(item.steps.source.startswith("windows") for item in evidence):
+        return False  # windows of one length: their time and items per window say nothing of the run
     return all(sum(map(len, _per_run(evidence, group, measure)[0])) for group in ("A", "B"))
 
 
