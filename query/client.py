@@ -328,6 +328,7 @@ class Client:
         its runs. {"measures": per measure a, b, change (b/a - 1), low, high (95 % interval), verdict,
         more_runs, ...; "parts": the step-time difference in parts that add up to it, ns per step;
         "phases": the same difference by phase (the ranges inside the steps, and the time outside them);
+        "phase_work": the GPU time launched from each phase, per step;
         "runs": per run its group, where its steps came from, warm-up dropped, steps kept};
         frames["measures"].attrs["notes"]: what was left out and why."""
         request = query_pb2.VerdictRequest(
@@ -337,7 +338,9 @@ class Client:
         if skip is not None:
             request.skip = skip
         answer = self._call("Verdict", request)
-        frames = {name: frame_of(getattr(answer, name)) for name in ("measures", "parts", "phases", "runs")}
+        frames = {
+            name: frame_of(getattr(answer, name)) for name in ("measures", "parts", "phases", "phase_work", "runs")
+        }
         frames["measures"].attrs["notes"] = list(answer.notes)
         return frames
 

@@ -400,6 +400,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         tables = {
             "measures": verdict.measures_table(evidence, options), "parts": verdict.parts_table(evidence),
             "phases": verdict.parts_table(evidence, "phases"), "runs": verdict.runs_table(evidence),
+            "phase_work": verdict.parts_table(evidence, "phase_work"),
         }  # fmt: skip
         return query_pb2.VerdictResponse(notes=notes, **{
             name: query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows) for name, table in tables.items()

@@ -27,9 +27,11 @@ from query.verdict_steps import (
     Steps,
     Work,
     counter_rise,
+    launched_by_phase,
     mean_inside,
     outermost,
     phase_parts,
+    phases_inside,
     step_parts,
     windows,
 )
@@ -105,6 +107,7 @@ class RunEvidence:
     busy: np.ndarray | None = None
     parts: dict[str, np.ndarray] | None = None
     phases: dict[str, np.ndarray] | None = None
+    phase_work: dict[str, np.ndarray] | None = None
     energy: np.ndarray | None = None
     util: np.ndarray | None = None
 
@@ -140,7 +143,7 @@ def _work_sql() -> str:
 SELECT indexOf({{run_ids:Array(String)}}, run_id) AS run, gpu,
        multiIf(kind = 'cuda_api', 0, kind = 'kernel', if(indexOf({{names:Array(String)}}, name) > 0,
                indexOf({{names:Array(String)}}, name), {other}), kind = 'memcpy', {other} + 1, {other} + 2) AS part,
-       {NS}(start) AS s, {NS}(end) AS e
+       {NS}(start) AS s, {NS}(end) AS e, pid, tid, ifNull({NS}(launch_start), -1) AS launch
 FROM {{db}}.events
 WHERE run_id IN {{run_ids:Array(String)}} AND end > start
   AND ((kind IN ('kernel', 'memcpy', 'memset') AND gpu >= 0) OR kind = 'cuda_api')
@@ -204,7 +207,9 @@ def gather(
     if found_work.num_rows > MAX_WORK_ROWS:
         notes.append(f"parts left out: the runs hold over {MAX_WORK_ROWS:,} GPU operations and API calls")
         found_work = found_work.slice(0, 0)
-    work = {name: found_work.column(name).to_numpy() for name in ("run", "gpu", "part", "s", "e")}
+    work = {
+        name: found_work.column(name).to_numpy() for name in ("run", "gpu", "part", "s", "e", "pid", "tid", "launch")
+    }
     ranges = fetch(_phases_sql(), {"run_ids": run_ids})
     evidence = []
     for index, (group, run) in enumerate(runs, start=1):
@@ -214,7 +219,7 @@ def gather(
         steps = steps.after(dropped)
         item = RunEvidence(run, group, steps, dropped, _batch(run))
         _figures(item, index, work, names)
-        _phases(item, ranges)
+        _phases(item, index, ranges, work)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
             _telemetry(item, gpus[run["run_id"]], fetch)
         evidence.append(item)
@@ -234,8 +239,9 @@ def _figures(item: RunEvidence, index: int, work: Mapping[str, np.ndarray], name
     item.parts, item.busy = step_parts(item.steps, own)
 
 
-def _phases(item: RunEvidence, ranges: pa.Table) -> None:
-    """The step's time by phase: the ranges of its thread inside it (query/verdict_steps.py)."""
+def _phases(item: RunEvidence, index: int, ranges: pa.Table, work: Mapping[str, np.ndarray]) -> None:
+    """The step's time by phase (the ranges of its thread inside it, query/verdict_steps.py), and
+    the GPU time of the work launched from each."""
     if item.steps.thread is None or not ranges.num_rows or not len(item.steps.starts):
         return
     pid, tid = item.steps.thread
@@ -243,7 +249,14 @@ def _phases(item: RunEvidence, ranges: pa.Table) -> None:
                    pc.and_(pc.equal(ranges.column("pid"), pid), pc.equal(ranges.column("tid"), tid)))  # fmt: skip
     own = ranges.filter(mine)
     names = np.array(own.column("name").to_pylist(), dtype=object)
-    item.phases = phase_parts(item.steps, own.column("s").to_numpy(), own.column("e").to_numpy(), names) or None
+    phases = phases_inside(item.steps, own.column("s").to_numpy(), own.column("e").to_numpy(), names)
+    item.phases = phase_parts(item.steps, phases) or None
+    if len(work["run"]):
+        launched = (work["run"] == index) & (work["part"] > 0) & (work["pid"] == pid) & (work["tid"] == tid)
+        launched &= work["launch"] >= 0
+        order = np.argsort(work["launch"][launched], kind="stable")
+        item.phase_work = launched_by_phase(item.steps, phases, work["launch"][launched][order],
+                                            (work["e"] - work["s"])[launched][order]) or None  # fmt: skip
 
 
 def _telemetry(item: RunEvidence, gpus: tuple[int, ...], fetch: Fetch) -> None:
@@ -364,8 +377,9 @@ def _measure_row(name: str, measure: Measure, diff: Difference, a: Group, b: Gro
 def parts_table(evidence: Sequence[RunEvidence], by: str = "parts") -> pa.Table:
     """The step-time difference in parts that add up to it (ns per step, B - A, with intervals),
     largest |difference| first: `by` "parts" (kernels, memory operations, GPU idle; empty unless
-    every run has GPU work inside its steps) or "phases" (empty unless every run has phases)."""
-    split = {id(item): item.parts if by == "parts" else item.phases for item in evidence}
+    every run has GPU work inside its steps) or "phases" (empty unless every run has phases); or
+    "phase_work", the GPU time launched from each phase (which adds up to no step time)."""
+    split = {id(item): getattr(item, by) for item in evidence}
     if not evidence or any(found is None for found in split.values()):
         return PARTS_SCHEMA.empty_table()
     names = sorted({name for found in split.values() for name in found or {}})

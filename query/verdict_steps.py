@@ -135,23 +135,56 @@ def _own_time(steps: Steps, s: np.ndarray, e: np.ndarray, labels: np.ndarray, na
 OUTSIDE_PHASES = "outside phases"
 
 
-def phase_parts(steps: Steps, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> dict[str, np.ndarray]:
-    """Per step, the time of each phase inside it (ranges of the steps' thread, sorted by start, that
-    lie inside one step and are not the step itself; nested ones count in the outermost) and the
-    rest, OUTSIDE_PHASES: they add up to the step's time. No phase inside any step: none."""
-    n = len(steps.starts)
+@dataclass(frozen=True)
+class Phases:
+    """The phases inside a run's steps: [start, end), name and step index, in time order."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    names: np.ndarray
+    step: np.ndarray
+
+
+def phases_inside(steps: Steps, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> Phases:
+    """Ranges of the steps' thread (sorted by start) that lie inside one step and are not the step
+    itself; of nested ones, the outermost."""
     step = np.searchsorted(steps.starts, starts, side="right") - 1
     safe = np.maximum(step, 0)
     inside = (step >= 0) & (ends <= steps.ends[safe]) & ~((starts == steps.starts[safe]) & (ends == steps.ends[safe]))
     starts, ends, names, step = starts[inside], ends[inside], names[inside], step[inside]
     keep = outermost(starts, ends)
-    starts, ends, names, step = starts[keep], ends[keep], names[keep], step[keep]
-    if not len(starts):
+    return Phases(starts[keep], ends[keep], names[keep], step[keep])
+
+
+def _per_name(n: int, names: np.ndarray, step: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
+    return {str(name): np.bincount(step[names == name], weights=values[names == name], minlength=n)
+            for name in np.unique(names)}  # fmt: skip
+
+
+def phase_parts(steps: Steps, phases: Phases) -> dict[str, np.ndarray]:
+    """Per step, the time of each phase inside it and the rest, OUTSIDE_PHASES: they add up to the
+    step's time. No phase inside any step: none."""
+    if not len(phases.starts):
         return {}
-    parts = {str(name): np.bincount(step[names == name], weights=(ends - starts)[names == name], minlength=n)
-             for name in np.unique(names)}  # fmt: skip
+    parts = _per_name(len(steps.starts), phases.names, phases.step, (phases.ends - phases.starts).astype(np.float64))
     parts[OUTSIDE_PHASES] = steps.lengths - np.sum(list(parts.values()), axis=0)
     return parts
+
+
+def launched_by_phase(steps: Steps, phases: Phases, launches: np.ndarray, gpu_ns: np.ndarray) -> dict[str, np.ndarray]:
+    """Per step, the GPU time of the work launched from each phase (its launching call's start
+    inside the phase, on the steps' thread; `launches` of that thread's work only), and of the work
+    launched inside the step but outside its phases (OUTSIDE_PHASES). None without phases."""
+    n = len(steps.starts)
+    if not len(phases.starts) or not len(launches):
+        return {}
+    step = np.searchsorted(steps.starts, launches, side="right") - 1
+    inside = (step >= 0) & (launches < steps.ends[np.maximum(step, 0)])
+    launches, gpu_ns, step = launches[inside], gpu_ns[inside].astype(np.float64), step[inside]
+    phase = np.searchsorted(phases.starts, launches, side="right") - 1
+    within = (phase >= 0) & (launches < phases.ends[np.maximum(phase, 0)])
+    names = np.where(within, phases.names[np.maximum(phase, 0)], OUTSIDE_PHASES)
+    return _per_name(n, names, step, gpu_ns)
 
 
 def counter_rise(steps: Steps, times: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -11,7 +11,12 @@ import pandas as pd
 from tracehouse.units import duration, missing, number, percent
 
 PARTS_SHOWN = 10
-TITLES = {"parts": "Where the step time went (per step, B - A)", "phases": "By phase (per step, B - A)"}
+TITLES = {
+    "parts": "Where the step time went (per step, B - A)",
+    "phases": "By phase (per step, B - A)",
+    "phase_work": "GPU time launched from each phase (per step, B - A)",
+}
+TOTALS = {"parts": "step time", "phases": "step time", "phase_work": "GPU time"}
 LABELS = {"step_time": "step time", "throughput": "throughput", "gpu_busy": "GPU busy", "energy": "energy per step",
           "gpu_util": "GPU utilisation"}  # fmt: skip
 
@@ -85,9 +90,9 @@ def measures_rows(measures: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def parts_rows(parts: pd.DataFrame, shown: int = PARTS_SHOWN) -> pd.DataFrame:
+def parts_rows(parts: pd.DataFrame, shown: int = PARTS_SHOWN, total: str = "step time") -> pd.DataFrame:
     """The PARTS_SHOWN parts of largest |B - A| (time per step), the rest summed in one row, and the
-    total, which is the step-time difference."""
+    total (`total`: the step time for parts and phases, GPU time for the work launched from phases)."""
     if parts.empty:
         return pd.DataFrame()
     head, rest = parts.iloc[:shown], parts.iloc[shown:]
@@ -96,7 +101,7 @@ def parts_rows(parts: pd.DataFrame, shown: int = PARTS_SHOWN) -> pd.DataFrame:
     if len(rest):
         rows.append(_part(f"{len(rest)} other parts", rest["a_ns"].sum(), rest["b_ns"].sum(), rest["delta_ns"].sum(),
                           None, None))  # fmt: skip
-    rows.append(_part("step time", parts["a_ns"].sum(), parts["b_ns"].sum(), parts["delta_ns"].sum(), None, None))
+    rows.append(_part(total, parts["a_ns"].sum(), parts["b_ns"].sum(), parts["delta_ns"].sum(), None, None))
     return pd.DataFrame(rows)
 
 
@@ -130,6 +135,6 @@ def markdown(frames: dict[str, pd.DataFrame], names: Sequence[str]) -> str:
             markdown_table(measures_rows(frames["measures"]))]  # fmt: skip
     for name, title in TITLES.items():
         if not frames.get(name, pd.DataFrame()).empty:
-            text += [f"#### {title}", "", markdown_table(parts_rows(frames[name]))]
+            text += [f"#### {title}", "", markdown_table(parts_rows(frames[name], total=TOTALS[name]))]
     text += ["<details><summary>Runs</summary>", "", markdown_table(runs_rows(frames["runs"])), "</details>", ""]
     return "\n".join(text)

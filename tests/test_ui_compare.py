@@ -108,7 +108,8 @@ def test_compare_opens_with_the_verdict(
     assert said.startswith("B is slower than A: step time +"), said
     assert [w.value for w in app.warning] == [plain(said, 2000)], "the verdict first, as a warning"
     assert not app.error
-    measures, parts, phases, steps = (t.value for t in app.table)
+    measures, parts, phases, launched, steps = (t.value for t in app.table)
+    assert list(launched.index) == ["compute", "GPU time"]
     pd.testing.assert_frame_equal(phases, verdict_text.parts_rows(verdict["phases"]).set_index("part"))
     assert {"data", "compute", "outside phases", "step time"} == set(phases.index)
     pd.testing.assert_frame_equal(measures, verdict_text.measures_rows(verdict["measures"]).set_index("measure"))

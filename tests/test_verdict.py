@@ -132,6 +132,9 @@ def test_verdict_finds_the_longer_kernel_and_its_parts_add_up(stored: str, capsy
     step_delta = measures["step_time"]["b"] - measures["step_time"]["a"]
     assert sum(part["delta_ns"] for part in parts) == pytest.approx(step_delta, rel=1e-9)
     assert {run["warmup_dropped"] for run in answer["runs"]} == {WARMUP_STEPS}
+    launched = {row["part"]: row for row in answer["phase_work"]}  # kernels launched from "compute"
+    assert answer["phase_work"][0]["part"] == "compute" and set(launched) == {"compute"}
+    assert launched["compute"]["low_ns"] <= 0.05 * KERNELS[GEMM] <= launched["compute"]["high_ns"]
 
 
 def test_a_data_loading_stall_is_put_on_the_idle_gpu(stored: str) -> None:

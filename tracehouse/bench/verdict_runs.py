@@ -75,13 +75,15 @@ def synthetic_run(
     work_start = at + LAUNCH_NS
     builder.add_events("cuda_api", at, at + LAUNCH_NS, "cudaMemcpyAsync", pid=PID, tid=TID)
     builder.add_events("memcpy", work_start, work_start + copy, "[CUDA memcpy HtoD]", gpu=0, stream=7, pid=PID,
-                       bytes=1 << 20)  # fmt: skip
+                       tid=TID, launch_start=at, bytes=1 << 20)  # fmt: skip
     cursor = work_start + copy
     for i, (name, length) in enumerate(kernels.items()):
         launch = at + LAUNCH_NS * (i + 1)
         builder.add_events("cuda_api", launch, launch + LAUNCH_NS, "cudaLaunchKernel", pid=PID, tid=TID)
         begin = np.maximum(cursor, launch + LAUNCH_NS)
-        builder.add_events("kernel", begin, begin + length, name, gpu=0, stream=7, pid=PID)
+        builder.add_events(
+            "kernel", begin, begin + length, name, gpu=0, stream=7, pid=PID, tid=TID, launch_start=launch
+        )
         cursor = begin + length
     sync_from = at + LAUNCH_NS * (len(KERNELS) + 1)
     builder.add_events("cuda_api", sync_from, np.maximum(cursor, sync_from + 1), "cudaStreamSynchronize", pid=PID,

@@ -133,7 +133,7 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
         for name, title in verdict_text.TITLES.items():
             if not frames[name].empty:
                 print(f"\n{title}")
-                print(table_text(verdict_text.parts_rows(frames[name])), end="")
+                print(table_text(verdict_text.parts_rows(frames[name], total=verdict_text.TOTALS[name])), end="")
         print()
         print(table_text(verdict_text.runs_rows(frames["runs"])), end="")
     if args.format != "json":

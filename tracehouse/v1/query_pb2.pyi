@@ -333,15 +333,17 @@ class VerdictRequest(_message.Message):
     def __init__(self, a: _Optional[_Union[RunGroup, _Mapping]] = ..., b: _Optional[_Union[RunGroup, _Mapping]] = ..., measures: _Optional[_Iterable[str]] = ..., skip: _Optional[int] = ..., step_pattern: _Optional[str] = ..., window_ns: _Optional[int] = ..., min_effect: _Optional[float] = ...) -> None: ...
 
 class VerdictResponse(_message.Message):
-    __slots__ = ("measures", "parts", "runs", "phases", "notes")
+    __slots__ = ("measures", "parts", "runs", "phases", "notes", "phase_work")
     MEASURES_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_WORK_FIELD_NUMBER: _ClassVar[int]
     measures: Table
     parts: Table
     runs: Table
     phases: Table
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, measures: _Optional[_Union[Table, _Mapping]] = ..., parts: _Optional[_Union[Table, _Mapping]] = ..., runs: _Optional[_Union[Table, _Mapping]] = ..., phases: _Optional[_Union[Table, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    phase_work: Table
+    def __init__(self, measures: _Optional[_Union[Table, _Mapping]] = ..., parts: _Optional[_Union[Table, _Mapping]] = ..., runs: _Optional[_Union[Table, _Mapping]] = ..., phases: _Optional[_Union[Table, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., phase_work: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...

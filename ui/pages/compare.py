@@ -51,6 +51,9 @@ def show_verdict(run_a: str, run_b: str) -> None:
     if not frames["phases"].empty:
         st.markdown("**By phase** (per step, B - A)")
         st.table(parts_rows(frames["phases"]).set_index("part"))
+    if not frames["phase_work"].empty:
+        st.markdown("**GPU time launched from each phase** (per step, B - A)")
+        st.table(parts_rows(frames["phase_work"], total="GPU time").set_index("part"))
     with st.expander("The runs' steps (warm-up left out)"):
         st.table(runs_rows(frames["runs"]).set_index("group"))
 
