@@ -387,8 +387,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
         except StoreUnavailable:
             raise
         except StoreError:
-            raise QueryError("step_pattern", "not a regular expression RE2 accepts (no look-around, no "
-                             "back-references)") from None  # fmt: skip
+            raise QueryError("step_pattern", "not a regular expression RE2 accepts (RE2 has no look-around, "
+                             "no back-references)") from None  # fmt: skip
         groups = {"A": self._group(request.a, "a"), "B": self._group(request.b, "b")}
         shared = {run["run_id"] for run in groups["A"]} & {run["run_id"] for run in groups["B"]}
         if shared:

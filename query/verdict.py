@@ -9,7 +9,6 @@ whole windows of fixed length over the run. Warm-up is left out per run (query/v
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,10 +81,6 @@ class VerdictOptions:
                 raise QueryError("measures", f"{name[:64]!r} is not one of {', '.join(MEASURES)}")
         if len(self.step_pattern.encode()) > MAX_PATTERN_BYTES:
             raise QueryError("step_pattern", f"longer than {MAX_PATTERN_BYTES} bytes")
-        try:
-            re.compile(self.step_pattern)
-        except re.error as error:
-            raise QueryError("step_pattern", f"not a regular expression: {error}") from None
         if self.window_ns < 1_000_000:
             raise QueryError("window_ns", "windows are at least 1 ms long")
         if not 0 < self.min_effect < 1:
@@ -212,26 +207,27 @@ def gather(
     }
     ranges = fetch(_phases_sql(), {"run_ids": run_ids})
     evidence = []
-    for index, (group, run) in enumerate(runs, start=1):
+    bounds = np.searchsorted(work["run"], np.arange(1, len(runs) + 2))  # work is in run order: a slice each
+    for index, (group, run) in enumerate(runs):
+        own_work = {name: column[bounds[index] : bounds[index + 1]] for name, column in work.items()}
         mine = found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows else found
         steps = _pick_steps(mine, run, options)
         dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
         steps = steps.after(dropped)
         item = RunEvidence(run, group, steps, dropped, _batch(run))
-        _figures(item, index, work, names)
-        _phases(item, index, ranges, work)
+        _figures(item, own_work, names)
+        _phases(item, ranges, own_work)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
             _telemetry(item, gpus[run["run_id"]], fetch)
         evidence.append(item)
     return evidence, notes
 
 
-def _figures(item: RunEvidence, index: int, work: Mapping[str, np.ndarray], names: list[str]) -> None:
-    """The parts of each step's time from the run's own GPU work (`index`: its place in run_ids, from 1)."""
+def _figures(item: RunEvidence, work: Mapping[str, np.ndarray], names: list[str]) -> None:
+    """The parts of each step's time from the run's own GPU work and API calls (`work`)."""
     if not len(work["run"]) or not len(item.steps.starts):
         return
-    mine = work["run"] == index
-    api, gpu_work = mine & (work["part"] == 0), mine & (work["part"] > 0)
+    api, gpu_work = work["part"] == 0, work["part"] > 0
     if not gpu_work.any():
         return
     s, e = work["s"], work["e"]
@@ -239,9 +235,9 @@ def _figures(item: RunEvidence, index: int, work: Mapping[str, np.ndarray], name
     item.parts, item.busy = step_parts(item.steps, own)
 
 
-def _phases(item: RunEvidence, index: int, ranges: pa.Table, work: Mapping[str, np.ndarray]) -> None:
+def _phases(item: RunEvidence, ranges: pa.Table, work: Mapping[str, np.ndarray]) -> None:
     """The step's time by phase (the ranges of its thread inside it, query/verdict_steps.py), and
-    the GPU time of the work launched from each."""
+    the GPU time of the run's own work (`work`) launched from each."""
     if item.steps.thread is None or not ranges.num_rows or not len(item.steps.starts):
         return
     pid, tid = item.steps.thread
@@ -252,7 +248,7 @@ def _phases(item: RunEvidence, index: int, ranges: pa.Table, work: Mapping[str, 
     phases = phases_inside(item.steps, own.column("s").to_numpy(), own.column("e").to_numpy(), names)
     item.phases = phase_parts(item.steps, phases) or None
     if len(work["run"]):
-        launched = (work["run"] == index) & (work["part"] > 0) & (work["pid"] == pid) & (work["tid"] == tid)
+        launched = (work["part"] > 0) & (work["pid"] == pid) & (work["tid"] == tid)
         launched &= work["launch"] >= 0
         order = np.argsort(work["launch"][launched], kind="stable")
         item.phase_work = launched_by_phase(item.steps, phases, work["launch"][launched][order],
@@ -317,12 +313,6 @@ def _per_run(
     return values, weights if weights else None
 
 
-def _available(evidence: Sequence[RunEvidence], measure: str) -> bool:
-    if measure in ("step_time", "throughput") and any(item.steps.source.startswith("windows") for item in evidence):
-        return False  # windows of one length: their time and items per window say nothing of the run
-    return all(sum(map(len, _per_run(evidence, group, measure)[0])) for group in ("A", "B"))
-
-
 MEASURES_SCHEMA = pa.schema([
     ("measure", pa.string()), ("unit", pa.string()), ("a", pa.float64()), ("b", pa.float64()),
     ("change", pa.float64()), ("low", pa.float64()), ("high", pa.float64()), ("verdict", pa.string()),
@@ -348,16 +338,17 @@ def measures_table(evidence: Sequence[RunEvidence], options: VerdictOptions) -> 
     batches = {item.group: item.batch for item in evidence}
     if "throughput" in wanted and len(set(batches.values())) > 1:  # per step means less when steps differ
         wanted = ("throughput", *(name for name in wanted if name != "throughput"))
+    windowed = any(item.steps.source.startswith("windows") for item in evidence)
     for name in wanted:
-        if not _available(evidence, name):
+        found = {group: _per_run(evidence, group, name) for group in ("A", "B")}
+        counts = {group: sum(len(v) for v in values) for group, (values, _) in found.items()}
+        # windows of one length: their time and items per window say nothing of the run
+        if not all(counts.values()) or (windowed and name in ("step_time", "throughput")):
             if options.measures:
                 rows.append({"measure": name, "unit": MEASURES[name].unit, "verdict": "not measured"})
             continue
-        sides = {}
-        for group in ("A", "B"):
-            values, weights = _per_run(evidence, group, name)
-            sides[group] = (group_of(values, weights), sum(len(v) for v in values))
-        (a, steps_a), (b, steps_b) = sides["A"], sides["B"]
+        a, b = (group_of(*found[group]) for group in ("A", "B"))
+        steps_a, steps_b = counts["A"], counts["B"]
         measure = MEASURES[name]
         diff = relative_difference(a, b, options.min_effect, measure.words, measure.lower_is_better)
         rows.append(_measure_row(name, measure, diff, a, b, steps_a, steps_b))

@@ -121,7 +121,7 @@ def _own_time(steps: Steps, s: np.ndarray, e: np.ndarray, labels: np.ndarray, na
     """(steps, names): the time of each label's work inside each step, work clipped to the steps it meets."""
     n = len(steps.starts)
     out = np.zeros((n, names))
-    first = np.maximum(np.searchsorted(steps.ends, s, side="right"), 0)  # the first step ending after s
+    first = np.searchsorted(steps.ends, s, side="right")  # the first step ending after s
     last = np.searchsorted(steps.starts, e, side="left") - 1  # the last step starting before e
     for offset in range(int(np.max(last - first, initial=-1)) + 1):  # work spans one step, rarely more
         step = first + offset
