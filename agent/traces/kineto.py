@@ -4,9 +4,13 @@ A trace is read twice, both times as a stream. The first pass decompresses it (a
 corrupt gzip file is refused here, before anything is sent), hashes it, checks that it is
 UTF-8 and that its text starts and ends as complete JSON, and keeps its last MiB, from which
 the top-level members written after the `traceEvents` array are read (Kineto writes
-`baseTimeNanoseconds` there). The second pass reads the members before `traceEvents`
-(`deviceProperties`, host names), then parses the events one at a time with ijson (yajl, in C)
-and turns them into Arrow chunks of CHUNK_ROWS rows.
+`baseTimeNanoseconds` there). No parser reads the first pass's text but for those members,
+which are guarded on their own. The second pass reads the members before `traceEvents`
+(`deviceProperties`, host names) with ijson, then the events, guarded (tracefile.JsonGuard),
+a block of whole events at a time with msgspec (agent/traces/kineto_blocks.py), and turns them
+into Arrow chunks of CHUNK_ROWS rows. What the guard refuses in the second pass (nesting, a
+number or a string too long) is refused mid-import for a large file: the run says why and
+stays out of every answer (agent/traces/importer.py).
 
 What an event becomes, by its category (`cat`) and phase (`ph`); the table is CATEGORIES
 (agent/traces/kineto_events.py, which turns events into rows):
@@ -53,19 +57,20 @@ work whose call is not found in that window keeps pid 0 and no launch_start. The
 (agent/traces/importer.py) just before the first batch is sent, that is once two chunks are read: a
 trace of fewer rows is read whole before anything is stored.
 
-Time: `ts` and `dur` are µs, written with up to ns decimals; they are parsed as decimals, never
-as binary floats, and rounded to the nearest ns (half to even). With `baseTimeNanoseconds`
+Time: `ts` and `dur` are µs, written with up to ns decimals; they are read exactly as the
+decimals written (as binary floats only where a float holds the decimal exactly:
+agent/traces/kineto_blocks.py), and rounded to the nearest ns (half to even). With `baseTimeNanoseconds`
 (newer Kineto versions), ts counts from it; older traces write µs since the epoch (a base beside
 a ts that is already past 2000 is not added again). If the first event's time, so made absolute,
 is before 2000, the trace has relative time only and the run says so.
 
-Bounded memory: two chunks, the link window, the lanes of each thread (a trace with events on
+Bounded memory: two chunks, a block of events (about 1 MiB of text), the link window, the lanes of each thread (a trace with events on
 more than MAX_THREADS threads is refused), and the names of processes and threads (at most
 MAX_NAMES of each); nothing grows with the number of events.
 Strings are untrusted: invalid UTF-8 is replaced (U+FFFD; the attrs say so), names are cut to
 the store's limit on a character boundary. A string may escape an unpaired UTF-16 surrogate,
-which is not Unicode: yajl makes a lone high one `?` and cannot decode a lone low one; a trace
-with one of those is refused.
+which is not Unicode: a trace with one among its events is refused (before the events, yajl
+makes a lone high one `?`).
 """
 
 from __future__ import annotations
@@ -81,8 +86,10 @@ from typing import Any
 
 import ijson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from agent.telemetry.gpu import DeviceInfo
+from agent.traces.kineto_blocks import Event, EventBlocks
 from agent.traces.kineto_events import (
     CHUNK_ROWS,
     MAX_LANES,
@@ -131,13 +138,14 @@ class KinetoTrace:
         self.path = path
         self._scan = first_pass(path)
         self.digest = self._scan.digest
-        self._text = TraceText(path, self._scan)
+        self._text = TraceText(path, self._scan, marking=True)
         self._rows = EventRows(path.name)  # what the events become
         self._read = 0
         try:
             self.metadata = self._metadata_members()
             self.host = self._host()
-            self._events = ijson.items(self._text, "traceEvents.item" if self._scan.layout == "object" else "item")
+            self._blocks = EventBlocks(self._text, path.name, self._lists_before, self._scan.layout)
+            self._events = chain.from_iterable(self._blocks)
             self._primed = self._prime()
         except BaseException:
             self.close()
@@ -239,7 +247,7 @@ class KinetoTrace:
     def _metadata_members(self) -> dict[str, Any]:
         text = TraceText(self.path, self._scan)
         try:
-            head = head_members(text, self.path.name) if self._scan.layout == "object" else {}
+            head, self._lists_before = head_members(text, self.path.name) if self._scan.layout == "object" else ({}, 0)
         except ijson.JSONError as error:
             raise KinetoError(f"{self.path.name}: not valid JSON ({one_line(error)})") from None
         except UnicodeDecodeError:
@@ -266,12 +274,12 @@ class KinetoTrace:
         phased = False  # an event with a phase was read
         with self._reading():
             for event in self._events:
-                if not self._read and not isinstance(event, dict):
+                if not self._read and type(event) is not Event:
                     raise KinetoError(f"{self.path.name}: JSON, but not a Chrome trace (its events are not objects)")
-                if isinstance(event, dict) and type(event.get("ph")) is str:
+                if type(event) is Event and type(event.ph) is str:
                     phased = True
-                    if event["ph"] in TIMED:
-                        first = to_ns(event.get("ts"))
+                    if event.ph in TIMED:
+                        first = to_ns(event.ts)
                         if first is not None:
                             primed.append(event)
                             break
@@ -290,11 +298,6 @@ class KinetoTrace:
     def _reading(self) -> Iterator[None]:
         try:
             yield
-        except ijson.JSONError as error:
-            where = f"after {self._read} events"
-            raise KinetoError(f"{self.path.name}: not valid JSON {where} ({one_line(error)})") from None
-        except UnicodeDecodeError:
-            raise KinetoError(f"{self.path.name}: {SURROGATE}") from None
         except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as error:
             raise KinetoError(f"{self.path.name}: cannot read it ({one_line(error)})") from None
 
@@ -308,18 +311,21 @@ class KinetoTrace:
         in it can still be linked to a call read later."""
         held: Chunk | None = None
         starts: list[int] = []
+        rows = self._rows
         with self._reading():
             for event in chain(self._primed, self._events):
-                self._read += 1
-                self._rows.add(event)
-                if len(self._rows.current.start) >= CHUNK_ROWS:
+                rows.add(event)
+                if len(rows.current.rows) >= CHUNK_ROWS:
                     if held is not None:
-                        starts.append(min(held.start))
-                        yield self._rows.release(held)
-                    held, self._rows.current = self._rows.current, Chunk()
-        for chunk in (held, self._rows.current):
-            if chunk is not None and chunk.start:
-                starts.append(min(chunk.start))
-                yield self._rows.release(chunk)
+                        yield self._release(held, starts)
+                    held, rows.current = rows.current, Chunk()
+        for chunk in (held, rows.current):
+            if chunk is not None and chunk.rows:
+                yield self._release(chunk, starts)
         if starts:
             self.start_ns = min(starts)
+
+    def _release(self, chunk: Chunk, starts: list[int]) -> pa.RecordBatch:
+        batch = self._rows.release(chunk)
+        starts.append(pc.min(batch.column("start")).as_py())
+        return batch

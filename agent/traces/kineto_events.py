@@ -10,10 +10,12 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
 
+from agent.traces.kineto_blocks import Event
 from agent.traces.kineto_scan import KinetoError
 from agent.traces.nsys_sources import MEMCPY_KINDS, strip_api_version
 from agent.traces.tracefile import MAX_EVENT_BYTES, MAX_EVENT_NS, MAX_TIME_NS
@@ -26,6 +28,7 @@ MAX_THREADS = 262_144  # threads and GPU streams, per family, whose lanes are ke
 MAX_NAMES = 100_000  # process names, thread names
 MAX_REASONS = 32  # distinct reasons to skip; more go under "other"
 MAX_STRING = DEFAULT_LIMITS.max_string_bytes
+MAX_GPU = DEFAULT_LIMITS.max_gpu_index
 MAX_NS = MAX_TIME_NS  # times of events: 1970..2200, as the server takes them
 UINT32 = 1 << 32
 
@@ -61,22 +64,29 @@ _KINETO_MEMCPY = {
     "HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9, "PtoP": 10,
 }  # fmt: skip
 _EMPTY: dict[str, Any] = {}
+_FLOAT_EXACT = float(1 << 52)
 
 
 # -- values -----------------------------------------------------------------------------------
 
 
 def to_ns(value: Any) -> int | None:
-    """µs, as an int or a decimal from the parser, to integer ns (nearest, half to even); None
-    for anything that is not a finite number of a sane size."""
+    """µs, as an int, a decimal or a float from the parser, to integer ns (nearest, half to even);
+    None for anything that is not a finite number of a sane size. A float is taken as the decimal
+    it prints as (kineto_blocks parses as floats only numbers that a float holds exactly)."""
     if type(value) is int:
         return value * 1000
+    if type(value) is float:
+        ns = value * 1000
+        if -_FLOAT_EXACT < ns < _FLOAT_EXACT:
+            nearest = round(ns)
+            if abs(ns - nearest) + abs(ns) * 2**-50 < 0.5:  # not near a half, whatever the float's error
+                return nearest
+        value = Decimal(repr(value))
     if type(value) is Decimal:
         if not value.is_finite() or value.adjusted() > 18:
             return None
         return int((value * 1000).to_integral_value())
-    if type(value) is float:  # not from ijson; from callers that hand floats
-        return round(value * 1000) if value == value and abs(value) < 1e19 else None
     return None
 
 
@@ -87,51 +97,62 @@ def uint_below(value: Any, bound: int) -> int | None:
 def fit_string(value: Any, limit: int = MAX_STRING) -> str:
     """A string fit for the store: cut to `limit` bytes of UTF-8 on a character boundary."""
     if type(value) is not str:
-        return str(value) if type(value) in (int, Decimal) else ""
+        return number_text(value) if type(value) in (int, Decimal, float) else ""
     if len(value) * 4 <= limit:
         return value
     raw = value.encode("utf-8", "replace")
     return raw[:limit].decode("utf-8", "ignore") if len(raw) > limit else value
 
 
+def number_text(value: int | Decimal | float) -> str:
+    """A number as written (a float: as the decimal it prints as; kineto_blocks)."""
+    return str(Decimal(repr(value))) if type(value) is float else str(value)
+
+
 def _label(value: Any) -> str:
     """An untrusted category or phase as a short reason to skip."""
-    return fit_string(value, 48) if type(value) is str else type(value).__name__
+    if type(value) is str:
+        return fit_string(value, 48)
+    return "Decimal" if type(value) is float else type(value).__name__  # a float is a decimal written
 
 
 # -- rows -------------------------------------------------------------------------------------
 
 
+ROW_COLUMNS = ("kind", "start", "end", "name", "gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth")
+_NAMES_OF = {"kind": pa.string(), "name": pa.string()}
+
+
 @dataclass
 class Chunk:
-    kind: list[str] = field(default_factory=list)
-    start: list[int] = field(default_factory=list)
-    end: list[int] = field(default_factory=list)
-    name: list[str] = field(default_factory=list)
-    gpu: list[int] = field(default_factory=list)
-    stream: list[int] = field(default_factory=list)
-    pid: list[int] = field(default_factory=list)
-    tid: list[int] = field(default_factory=list)
-    correlation_id: list[int] = field(default_factory=list)
-    bytes: list[int] = field(default_factory=list)
-    depth: list[int] = field(default_factory=list)
-    launch_start: list[int] = field(default_factory=list)
+    """Rows, each a tuple in the order of ROW_COLUMNS; the CUDA call each row of GPU work was
+    launched by, once found; extras by row."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    links: dict[int, tuple[int, int, int, str]] = field(default_factory=dict)
     extras: defaultdict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
     waiting: list[int] = field(default_factory=list)  # correlation ids of its rows awaiting their call
 
+    def __len__(self) -> int:
+        return len(self.rows)
+
     def batch(self) -> pa.RecordBatch:
-        rows = len(self.start)
+        rows = len(self.rows)
+        values = [list(map(itemgetter(column), self.rows)) for column in range(len(ROW_COLUMNS))]
+        launch_start = [-1] * rows
+        kind, name, pid, tid = values[0], values[3], values[6], values[7]
+        for row, (call_pid, call_tid, call_start, call_name) in self.links.items():
+            pid[row], tid[row], launch_start[row] = call_pid, call_tid, call_start
+            if kind[row] == "sync":  # named by its call, as nsys names it
+                name[row] = call_name
         columns: dict[str, pa.Array] = {
-            "kind": pa.array(self.kind, pa.string()),
-            "start": pa.array(self.start, pa.int64()),
-            "end": pa.array(self.end, pa.int64()),
-            "name": pa.array(self.name, pa.string()),
+            column: pa.array(value, _NAMES_OF.get(column, pa.int64()))
+            for column, value in zip(ROW_COLUMNS, values, strict=True)
         }
-        for column in ("gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth", "launch_start"):
-            columns[column] = pa.array(getattr(self, column), pa.int64())
-        for key, values in sorted(self.extras.items()):
+        columns["launch_start"] = pa.array(launch_start, pa.int64())
+        for key, found in sorted(self.extras.items()):
             texts = [""] * rows
-            for row, value in values.items():
+            for row, value in found.items():
                 texts[row] = value
             columns[f"x:{key}"] = pa.array(texts, pa.string())
         return pa.RecordBatch.from_pydict(columns)
@@ -174,20 +195,21 @@ class EventRows:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def add(self, event: Any) -> None:
-        """One event, as a row of the current chunk, or counted as skipped."""
-        if not isinstance(event, dict):
+        """One event (an Event, or an item that is not an object), as a row of the current chunk,
+        or counted as skipped."""
+        if type(event) is not Event:
             self._skip("not an event")
             return
-        ph = event.get("ph")
-        if type(ph) is not str:
-            self._skip(f"phase {_label(ph)}")
-            return
+        ph = event.ph
         if ph == "X":
-            category = event.get("cat")
+            category = event.cat
             kind = CATEGORIES.get(category) if type(category) is str else None
             if kind is None:
                 self._skip(f"category {_label(category)}")
                 return
+        elif type(ph) is not str:
+            self._skip(f"phase {_label(ph)}")
+            return
         elif ph in INSTANTS:
             kind = "mark"
         elif ph == "M":
@@ -199,12 +221,12 @@ class EventRows:
         else:
             self._skip(f"phase {_label(ph)}")
             return
-        start = to_ns(event.get("ts"))
+        start = to_ns(event.ts)
         if start is None:
             self._skip("no time")
             return
         start += self.offset
-        duration = event.get("dur") if ph == "X" and kind != "mark" else None
+        duration = event.dur if ph == "X" and kind != "mark" else None
         if duration is None:
             end = start
         else:
@@ -216,77 +238,78 @@ class EventRows:
         if start < 0 or end > MAX_NS:
             self._skip("time out of range")
             return
-        args = event.get("args")
-        if not isinstance(args, dict):
+        args = event.args
+        if type(args) is not dict:
             args = _EMPTY
-        name = fit_string(event.get("name"))
+        name = event.name
+        if type(name) is not str or len(name) * 4 > MAX_STRING:
+            name = fit_string(name)
         chunk = self.current
-        row = len(chunk.start)
-        extras = chunk.extras
+        row = len(chunk.rows)
         gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
         if kind in ON_GPU:
-            device = args.get("device", event.get("pid"))
-            gpu = device if type(device) is int and 0 <= device <= DEFAULT_LIMITS.max_gpu_index else NO_GPU
-            lane = args.get("stream", event.get("tid"))
+            device = args.get("device", event.pid)
+            gpu = device if type(device) is int and 0 <= device <= MAX_GPU else NO_GPU
+            lane = args.get("stream", event.tid)
             stream = lane if type(lane) is int and 0 <= lane < (1 << 31) else NO_STREAM
             if kind == "kernel":
                 launch = self._launch(args)
                 if launch:
-                    extras["launch"][row] = launch
+                    chunk.extras["launch"][row] = launch
                 occupancy = args.get("est. achieved occupancy %")
-                if type(occupancy) in (int, Decimal):
-                    extras["occupancy_pct"][row] = str(occupancy)
-            elif kind in ("memcpy", "memset"):
+                if type(occupancy) in (int, Decimal, float):
+                    chunk.extras["occupancy_pct"][row] = number_text(occupancy)
+            elif kind == "memcpy" or kind == "memset":
                 name, memory = self._memory(name)
                 if memory:
-                    extras["memory"][row] = memory
+                    chunk.extras["memory"][row] = memory
                 size = uint_below(args.get("bytes"), MAX_EVENT_BYTES + 1) or 0
             elif kind == "sync":
-                extras["sync_type"][row] = fit_string(args.get("cuda_sync_kind") or name)
+                chunk.extras["sync_type"][row] = fit_string(args.get("cuda_sync_kind") or name)
             else:  # gpu_annotation
                 depth = self._lane(("gpu", gpu, stream), start, end)
             if kind != "gpu_annotation":
-                correlation = uint_below(args.get("correlation"), 1 << 63) or 0
+                correlation = args.get("correlation")
+                if type(correlation) is not int or not 0 <= correlation < 1 << 63:
+                    correlation = 0
         else:
-            raw_pid, raw_tid = event.get("pid"), event.get("tid")
-            pid = raw_pid if type(raw_pid) is int and 0 <= raw_pid < UINT32 else 0
-            tid = raw_tid if type(raw_tid) is int and 0 <= raw_tid < 1 << 63 else 0
-            if (raw_pid is not None and pid != raw_pid) or (raw_tid is not None and tid != raw_tid):
-                extras["track"][row] = fit_string(f"{_label(raw_pid)} / {_label(raw_tid)}", 256)
+            pid, tid = event.pid, event.tid
+            if type(pid) is not int or not 0 <= pid < UINT32 or type(tid) is not int or not 0 <= tid < 1 << 63:
+                pid, tid = self._track(chunk, row, pid, tid)
             if kind == "cuda_api":
                 name = self._api_name(name)
-                extras["api"][row] = "driver" if event.get("cat") == "cuda_driver" else "runtime"
-                correlation = uint_below(args.get("correlation"), 1 << 63) or 0
+                chunk.extras["api"][row] = "driver" if event.cat == "cuda_driver" else "runtime"
+                correlation = args.get("correlation")
+                if type(correlation) is not int or not 0 <= correlation < 1 << 63:
+                    correlation = 0
             elif kind == "nvtx":
                 if name.startswith(STEP_PREFIX):
                     kind, name = "step", "step"
-                    extras["step"][row] = fit_string(event.get("name"))[len(STEP_PREFIX) :]
-                extras["style"][row] = "PushPop"
+                    chunk.extras["step"][row] = fit_string(event.name)[len(STEP_PREFIX) :]
+                chunk.extras["style"][row] = "PushPop"
                 depth = self._lane(("range", pid, tid), start, end)
             elif kind != "mark":
                 depth = self._lane((kind, pid, tid), start, end)
-        chunk.kind.append(kind)
-        chunk.start.append(start)
-        chunk.end.append(end)
-        chunk.name.append(name)
-        chunk.gpu.append(gpu)
-        chunk.stream.append(stream)
-        chunk.pid.append(pid)
-        chunk.tid.append(tid)
-        chunk.correlation_id.append(correlation)
-        chunk.bytes.append(size)
-        chunk.depth.append(depth)
-        chunk.launch_start.append(-1)
+        chunk.rows.append((kind, start, end, name, gpu, stream, pid, tid, correlation, size, depth))
         if correlation:
             if kind == "cuda_api":
                 self._call(correlation, pid, tid, start, name)
             elif kind in GPU_WORK:
                 call = self._calls.get(correlation)
                 if call is not None:
-                    _link(chunk, row, call)
+                    chunk.links[row] = call
                 else:
                     self._waiting.setdefault(correlation, []).append((chunk, row))
                     chunk.waiting.append(correlation)
+
+    @staticmethod
+    def _track(chunk: Chunk, row: int, raw_pid: Any, raw_tid: Any) -> tuple[int, int]:
+        """A process and thread that are not ids: 0, with what was written as the extra `track`."""
+        pid = raw_pid if type(raw_pid) is int and 0 <= raw_pid < UINT32 else 0
+        tid = raw_tid if type(raw_tid) is int and 0 <= raw_tid < 1 << 63 else 0
+        if (raw_pid is not None and pid != raw_pid) or (raw_tid is not None and tid != raw_tid):
+            chunk.extras["track"][row] = fit_string(f"{_label(raw_pid)} / {_label(raw_tid)}", 256)
+        return pid, tid
 
     def _call(self, correlation: int, pid: int, tid: int, start: int, name: str) -> None:
         call = (pid, tid, start, name)
@@ -294,7 +317,7 @@ class EventRows:
         if len(self._calls) > LINK_WINDOW:
             self._calls.popitem(last=False)
         for chunk, row in self._waiting.pop(correlation, ()):
-            _link(chunk, row, call)
+            chunk.links[row] = call
 
     def _lane(self, key: tuple[Any, ...], start: int, end: int) -> int:
         """The first lane of `key` free at `start`; it is busy until `end` from now on."""
@@ -314,20 +337,20 @@ class EventRows:
         lanes[-1] = max(lanes[-1], end)
         return MAX_LANES - 1
 
-    def _name(self, event: dict[str, Any]) -> None:
+    def _name(self, event: Event) -> None:
         """Metadata events: process and thread names."""
-        what = event.get("name")
-        args = event.get("args")
+        what = event.name
+        args = event.args
         label = args.get("name") if isinstance(args, dict) else None
         if type(label) is not str:
             return
-        pid = uint_below(event.get("pid"), UINT32)
+        pid = uint_below(event.pid, UINT32)
         if pid is None:
             return
         if what == "process_name" and (pid in self.process_names or len(self.process_names) < MAX_NAMES):
             self.process_names[pid] = fit_string(label)
         elif what == "thread_name":
-            tid = uint_below(event.get("tid"), 1 << 63)
+            tid = uint_below(event.tid, 1 << 63)
             if tid is not None and ((pid, tid) in self.thread_names or len(self.thread_names) < MAX_NAMES):
                 self.thread_names[(pid, tid)] = fit_string(label)
 
@@ -379,14 +402,3 @@ def _dims(value: Any) -> list[int] | None:
     if type(value) is list and len(value) == 3 and all(type(v) is int for v in value):
         return value
     return None
-
-
-def _link(chunk: Chunk, row: int, call: tuple[int, int, int, str]) -> None:
-    """GPU work at `row` was launched by `call`: the launching thread, the call's start, and a
-    sync is named by its call, as nsys names it."""
-    pid, tid, start, name = call
-    chunk.pid[row] = pid
-    chunk.tid[row] = tid
-    chunk.launch_start[row] = start
-    if chunk.kind[row] == "sync":
-        chunk.name[row] = name

@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import ijson
+import numpy as np
 
-from agent.traces.tracefile import JsonText, TraceFileError, open_regular
+from agent.traces.tracefile import JsonGuard, JsonText, Marks, TraceFileError, open_regular
 
 READ_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20  # the end of the text, where the members after traceEvents are
 HEAD_TOKENS = 1_000_000  # a member before traceEvents larger than this is not kept
-_STRUCTURE = re.compile(rb'["\[\]{}]')
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*$')
+_WHITE_SPACE = b" \t\r\n"
 
 
 class KinetoError(TraceFileError):
@@ -68,10 +69,13 @@ def first_pass(path: Path) -> Scan:
         utf8 = True
         first = b""
         tail = bytearray()
-        text = JsonText(path, KinetoError)  # refuses hostile text (tracefile.JsonGuard) as it is read
+        text = JsonText(path, KinetoError, guarded=False)  # no parser reads it (TraceText guards what one does)
         with contextlib.closing(text):
-            while chunk := text.read(READ_BYTES):
-                first = first or chunk.lstrip()[:1]
+            while chunk := _read_or_refuse(text, path):
+                if not first:
+                    first = chunk.lstrip(_WHITE_SPACE)[:1]
+                    if first not in (b"", b"{", b"["):
+                        raise KinetoError(f"{path.name}: not JSON (a Chrome trace starts with {{ or [)")
                 if utf8:
                     try:
                         decoder.decode(chunk)
@@ -92,8 +96,6 @@ def first_pass(path: Path) -> Scan:
         raise KinetoError(f"{path.name}: cannot read it ({error.strerror or one_line(error)})") from None
     if not first:
         raise KinetoError(f"{path.name}: empty{' once decompressed' if gzipped else ''}; not a trace")
-    if first not in (b"{", b"["):
-        raise KinetoError(f"{path.name}: not JSON (a Chrome trace starts with {{ or [)")
     layout = "object" if first == b"{" else "array"
     closing = "}" if layout == "object" else "]"
     if bytes(tail.rstrip()[-1:]) != closing.encode():
@@ -105,30 +107,45 @@ def first_pass(path: Path) -> Scan:
     return Scan(digest, stat.st_size, stat.st_mtime_ns, gzipped, total, utf8, layout, trailer)
 
 
-def _escaped(text: bytes, position: int) -> bool:
-    """Whether the quote at `position` is escaped: an odd number of backslashes before it."""
-    before = position
-    while before > 0 and text[before - 1] == 0x5C:
-        before -= 1
-    return (position - before) % 2 == 1
+def _read_or_refuse(text: JsonText, path: Path) -> bytes:
+    """The next chunk; a gzip bomb refused as the guard would refuse it, if it would first (a string
+    too long, say), so that the reason is the first one found in the text."""
+    try:
+        return text.read(READ_BYTES)
+    except KinetoError:
+        guarded = JsonText(path, KinetoError)
+        with contextlib.closing(guarded):
+            while guarded.read(READ_BYTES):
+                pass
+        raise
+
+
+def _outside_brackets(tail: bytes) -> list[int]:
+    """Offsets of the brackets outside strings, as read backwards from the end (outside any
+    string): a bracket is outside when an even number of unescaped quotes follow it."""
+    data = np.frombuffer(tail, np.uint8)
+    quotes = np.flatnonzero(data == 0x22)
+    if len(quotes) and b"\\" in tail:
+        index = np.arange(len(data))
+        not_backslash = np.maximum.accumulate(np.where(data == 0x5C, -1, index))  # last one at or before
+        before = np.maximum(quotes - 1, 0)
+        run = np.where(quotes > 0, before - not_backslash[before], 0)  # backslashes just before each quote
+        quotes = quotes[run % 2 == 0]
+    folded = data | np.uint8(0x20)  # [ ] fold onto { }
+    brackets = np.flatnonzero((folded == 0x7B) | (folded == 0x7D))
+    following = len(quotes) - np.searchsorted(quotes, brackets, side="right")
+    return brackets[following % 2 == 0].tolist()
 
 
 def _trailer(tail: bytes, whole: bool) -> dict[str, Any]:
     """The top-level members after the traceEvents array, read backwards from the end of the text.
-    Outside strings, a quote ends a string when read backwards; inside, the first unescaped quote
-    starts it. The array is the top-level one whose `[` follows the key "traceEvents" or, when the
-    window starts inside a top-level array, that one (nothing else in a trace is that big)."""
+    The array is the top-level one whose `[` follows the key "traceEvents" or, when the window
+    starts inside a top-level array, that one (nothing else in a trace is that big)."""
     depth = 0
-    inside = False
     closing = -1  # the `]` of the top-level array being read, if the one being read is an array
-    for match in reversed(list(_STRUCTURE.finditer(tail))):
-        position = match.start()
+    for position in reversed(_outside_brackets(tail)):
         char = tail[position]
-        if inside:
-            inside = not (char == 0x22 and not _escaped(tail, position))
-        elif char == 0x22:
-            inside = True
-        elif char in b"]}":
+        if char in b"]}":
             depth += 1
             if depth == 2:
                 closing = position if char == 0x5D else -1
@@ -158,10 +175,12 @@ def _members(text: bytes) -> dict[str, Any]:
     rest = text.strip()
     if not rest.startswith(b","):
         return {}
+    members_text = b"{" + rest[1:]
     try:
-        members = json.loads(b"{" + rest[1:], parse_float=Decimal)
-    except ValueError:
-        return {}
+        JsonGuard("", KinetoError).feed(members_text)  # what json parses is guarded as the events are
+        members = json.loads(members_text, parse_float=Decimal)
+    except (KinetoError, ValueError):
+        return {}  # the second pass refuses it, if it is the file's
     return members if isinstance(members, dict) else {}
 
 
@@ -169,12 +188,15 @@ def _members(text: bytes) -> dict[str, Any]:
 
 
 class TraceText:
-    """The trace's JSON text as ijson reads it: without a byte-order mark, checked by a JsonGuard
-    (so the file is checked again if it changed since the first pass), invalid UTF-8 replaced when
-    the first pass found some, and the bytes read so far counted."""
+    """The trace's JSON text as the parsers read it: without a byte-order mark, invalid UTF-8
+    replaced when the first pass found some, then checked by a JsonGuard (so the file is checked
+    again if it changed since the first pass, and the guard sees the very bytes handed on), and
+    the bytes read so far counted. `marks()`, when `marking`: where the items are in what was
+    read since the last call."""
 
-    def __init__(self, path: Path, scan: Scan) -> None:
-        self._raw = JsonText(path, KinetoError)  # the file may have changed since the first pass: checked again
+    def __init__(self, path: Path, scan: Scan, marking: bool = False) -> None:
+        self._raw = JsonText(path, KinetoError, guarded=False)
+        self._guard = JsonGuard(path.name, KinetoError, marking)
         self._decoder = None if scan.utf8 else codecs.getincrementaldecoder("utf-8")("replace")
         self.consumed = 0
 
@@ -182,11 +204,16 @@ class TraceText:
         while True:
             data = self._raw.read(size)
             self.consumed += len(data)
-            if self._decoder is None:
-                return data
-            text = self._decoder.decode(data, final=not data)
-            if text or not data:
-                return text.encode()
+            if self._decoder is not None:
+                text = self._decoder.decode(data, final=not data)
+                if not text and data:
+                    continue
+                data = text.encode()
+            self._guard.feed(data)
+            return data
+
+    def marks(self) -> Marks:
+        return self._guard.marks()
 
     def close(self) -> None:
         self._raw.close()
@@ -212,21 +239,25 @@ def _value(events: Iterator[tuple[str, str, Any]], first: tuple[str, str, Any]) 
     return builder.value if tokens <= HEAD_TOKENS else None
 
 
-def head_members(text: TraceText, name: str) -> dict[str, Any]:
-    """The top-level members before traceEvents; the stream is left at the array's first item."""
+def head_members(text: TraceText, name: str) -> tuple[dict[str, Any], int]:
+    """The top-level members before traceEvents, and how many of them are objects or lists (so
+    the events' list is the next top-level member's list: Marks.lists)."""
     events = ijson.parse(text)
     _, event, _ = next(events)
     if event != "start_map":
-        return {}  # an array: the events themselves
+        return {}, 0  # an array: the events themselves
     head: dict[str, Any] = {}
+    containers = 0
     for prefix, event, value in events:
         if prefix == "" and event == "map_key":
             if value == "traceEvents":
                 _, opened, _ = next(events)
                 if opened != "start_array":
                     raise KinetoError(f"{name}: not a Chrome trace (its traceEvents is not a list)")
-                return head
-            head[value] = _value(events, next(events))
+                return head, containers
+            first = next(events)
+            containers += first[1] in ("start_map", "start_array")
+            head[value] = _value(events, first)
         elif prefix == "" and event == "end_map":
             break
     raise KinetoError(f"{name}: JSON, but not a Chrome trace (it has no traceEvents)")

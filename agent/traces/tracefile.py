@@ -188,9 +188,10 @@ class JsonGuard:
     byte by byte. Only valid JSON is followed exactly: at the first error the parser stops anyway.
     """
 
-    def __init__(self, name: str, error: type[TraceFileError] = TraceFileError) -> None:
+    def __init__(self, name: str, error: type[TraceFileError] = TraceFileError, marking: bool = False) -> None:
         self.name = name
         self.error = error
+        self.marking = marking  # keep Marks for marks()
         self.layout = ""  # "object" or "array", once the first byte is seen
         self.offset = 0  # bytes seen
         self._inside = False  # in a string
@@ -200,10 +201,21 @@ class JsonGuard:
         self._item_depth = 0  # depth of traceEvents' items: 2 in {"traceEvents": [...]}, 1 in [...]
         self._item_start = -1  # offset of the open item's bracket
         self._number = 0  # characters of the number ending the last chunk
+        self._marks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.intp]]] = []
 
     def feed(self, chunk: bytes) -> None:
         for start in range(0, len(chunk), _SLICE):  # numpy's temporaries stay in the cache
             self._feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk)
+
+    def marks(self) -> Marks:
+        """Where the items are, in the text fed since the last call: so a reader can cut the text
+        between items without looking at it again."""
+        found, self._marks = self._marks, []
+        if not found:
+            return Marks(_NONE, _NONE, _NONE)
+        if len(found) == 1:
+            return Marks(*found[0])
+        return Marks(*(np.concatenate(column) for column in zip(*found, strict=True)))
 
     def _feed(self, chunk: bytes) -> None:
         if not self.layout:
@@ -316,8 +328,13 @@ class JsonGuard:
         if int(depth.max()) > MAX_DEPTH:
             self._refuse(f"nesting deeper than {MAX_DEPTH}")
         self._depth = int(depth[-1])
-        edges = (opens & (depth == self._item_depth + 1)) | (closes & (depth == self._item_depth))
+        item_ends = closes & (depth == self._item_depth)
+        edges = (opens & (depth == self._item_depth + 1)) | item_ends
         where = at[edges] + base
+        if self.marking:
+            lists = at[opens & (depth == self._item_depth)] + base
+            ends = at[closes & (depth == self._item_depth - 1)] + base
+            self._marks.append((at[item_ends] + (base + 1), lists, ends))
         opening = opens[edges]
         if self._item_start >= 0:
             where = np.concatenate(([self._item_start], where))
@@ -328,6 +345,20 @@ class JsonGuard:
         if pairs.any() and int((where[1:][pairs] - where[:-1][pairs]).max()) > MAX_VALUE_BYTES:
             self._refuse(f"an event longer than {_mib(MAX_VALUE_BYTES)}")
         self._item_start = int(where[-1]) if opening[-1] else -1
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Offsets into the text (from its first byte, past a byte-order mark) of brackets outside
+    strings, at the depth of traceEvents' items (JsonGuard: 2 in {"traceEvents": [...]}, 1 in
+    [...])."""
+
+    item_ends: npt.NDArray[np.intp]  # just past the closing bracket of an item (object or array)
+    lists: npt.NDArray[np.intp]  # the opening bracket of a value holding items: a top-level member's
+    list_ends: npt.NDArray[np.intp]  # its closing bracket
+
+
+_NONE = np.zeros(0, np.intp)
 
 
 def _mib(size: int) -> str:
@@ -363,12 +394,13 @@ class _Counted:
 
 class JsonText:
     """A JSON trace file's text, plain or gzip, as a binary stream: without a byte-order mark,
-    every byte through a JsonGuard before it is handed on, and gzip refused once it decompresses
+    every byte through a JsonGuard before it is handed on (unless not `guarded`: for a reader
+    that hands it to no parser, or guards it itself), and gzip refused once it decompresses
     to more than MAX_GZIP_RATIO times the compressed bytes read (plus GZIP_SLACK): time stays
     linear in the file's size. Reading raises `error` (a TraceFileError) for what it refuses, and
     gzip's own errors (EOFError, gzip.BadGzipFile, zlib.error, OSError) for a corrupt file."""
 
-    def __init__(self, path: Path, error: type[TraceFileError] = TraceFileError) -> None:
+    def __init__(self, path: Path, error: type[TraceFileError] = TraceFileError, guarded: bool = True) -> None:
         self.name = path.name
         self.error = error
         self._raw = _Counted(open_regular(path))
@@ -380,7 +412,7 @@ class JsonText:
             raise
         self.gzip = magic == GZIP_MAGIC
         self._stream: Any = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.gzip else self._raw  # type: ignore[call-overload]
-        self.guard = JsonGuard(path.name, error)
+        self.guard = JsonGuard(path.name, error) if guarded else None
         self.consumed = 0  # bytes of JSON text handed on
 
     def read(self, size: int = -1) -> bytes:
@@ -396,7 +428,8 @@ class JsonText:
             raise self.error(
                 f"{self.name}: decompresses to more than {MAX_GZIP_RATIO} times its size; a gzip bomb, not a trace"
             )
-        self.guard.feed(data)
+        if self.guard is not None:
+            self.guard.feed(data)
         return data
 
     def close(self) -> None:
