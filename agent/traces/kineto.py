@@ -64,9 +64,10 @@ agent/traces/kineto_blocks.py), and rounded to the nearest ns (half to even). Wi
 a ts that is already past 2000 is not added again). If the first event's time, so made absolute,
 is before 2000, the trace has relative time only and the run says so.
 
-Bounded memory: two chunks, a block of events (about 1 MiB of text), the link window, the lanes of each thread (a trace with events on
-more than MAX_THREADS threads is refused), and the names of processes and threads (at most
-MAX_NAMES of each); nothing grows with the number of events.
+Bounded memory: two chunks, a few blocks of events (about 1 MiB of text each), the link window,
+the lanes of each thread (a trace with events on more than MAX_THREADS threads is refused), and
+the names of processes and threads (at most MAX_NAMES of each); nothing grows with the number of
+events.
 Strings are untrusted: invalid UTF-8 is replaced (U+FFFD; the attrs say so), names are cut to
 the store's limit on a character boundary. A string may escape an unpaired UTF-16 surrogate,
 which is not Unicode: a trace with one among its events is refused (before the events, yajl
@@ -158,6 +159,9 @@ class KinetoTrace:
         self.close()
 
     def close(self) -> None:
+        blocks = getattr(self, "_blocks", None)
+        if blocks is not None:
+            blocks.close()
         text = getattr(self, "_text", None)
         if text is not None:
             with contextlib.suppress(Exception):

@@ -90,6 +90,19 @@ def to_ns(value: Any) -> int | None:
     return None
 
 
+def _ns(value: Any) -> int | None:
+    """to_ns, with the times most traces write (a float of a few decimals, an int) done here."""
+    if type(value) is float:
+        ns = value * 1000
+        if -_FLOAT_EXACT < ns < _FLOAT_EXACT:
+            nearest = round(ns)
+            if abs(ns - nearest) + abs(ns) * 2**-50 < 0.5:
+                return nearest
+    elif type(value) is int:
+        return value * 1000
+    return to_ns(value)
+
+
 def uint_below(value: Any, bound: int) -> int | None:
     return value if type(value) is int and 0 <= value < bound else None
 
@@ -216,12 +229,15 @@ class EventRows:
             self._name(event)
             return
         elif ph in FLOWS:
-            self._skip("flow")
+            if "flow" in self.skipped:
+                self.skipped["flow"] += 1
+            else:
+                self._skip("flow")
             return
         else:
             self._skip(f"phase {_label(ph)}")
             return
-        start = to_ns(event.ts)
+        start = _ns(event.ts)
         if start is None:
             self._skip("no time")
             return
@@ -230,7 +246,7 @@ class EventRows:
         if duration is None:
             end = start
         else:
-            length = to_ns(duration)
+            length = _ns(duration)
             if length is None or length < 0 or length > MAX_EVENT_NS:
                 self._skip("bad duration")
                 return
@@ -399,6 +415,12 @@ class EventRows:
 
 def _dims(value: Any) -> list[int] | None:
     """A launch dimension: three integers."""
-    if type(value) is list and len(value) == 3 and all(type(v) is int for v in value):
+    if (
+        type(value) is list
+        and len(value) == 3
+        and type(value[0]) is int
+        and type(value[1]) is int
+        and type(value[2]) is int
+    ):
         return value
     return None

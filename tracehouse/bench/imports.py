@@ -15,6 +15,8 @@ from tracehouse.bench.common import _child_environment, _stamp, _watch_rss, serv
 
 GOAL_IMPORT_RATIO = 0.5
 GOAL_IMPORT_EVENTS_PER_S = 1_000_000
+GOAL_KINETO_RATIO = 1.2  # to json.load of the same file
+GOAL_KINETO_EVENTS_PER_S = 300_000
 
 
 def _scan(path: Path, table_names: list[str]) -> int:
@@ -122,7 +124,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
     import_rate = in_file / result["seconds"]
     load_rate = in_file / load_seconds
     return {
-        **_stamp("import-kineto", "ijson"),
+        **_stamp("import-kineto", "ijson", "msgspec"),
         "file_bytes": file_bytes,
         "json_load_events": in_file,
         "events": imported,
@@ -134,4 +136,9 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
         "json_load_events_per_s": round(load_rate),
         "ratio": round(import_rate / load_rate, 3),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        "goal": {
+            "ratio": GOAL_KINETO_RATIO,
+            "events_per_s": GOAL_KINETO_EVENTS_PER_S,
+            "met": import_rate / load_rate >= GOAL_KINETO_RATIO and import_rate >= GOAL_KINETO_EVENTS_PER_S,
+        },
     }
