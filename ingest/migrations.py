@@ -324,6 +324,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             Alter("samples", "MODIFY SETTING merge_selector_base = 20"),
         ),
     ),
+    Migration(
+        9,
+        "rollups made where each group commit is stored, not by materialized views",
+        (
+            # a view runs a pipeline of its own on every insert: 0.4 to 0.6 µs a value, against 0.1 to 0.2 for the
+            # same rows made from the group's samples and inserted with its tokens (ingest/rollup.py)
+            *(Drop(f"{name}_mv", view=True) for name in ROLLUP_SECONDS),
+            *(
+                Alter(name, f"MODIFY COMMENT 'samples rolled up per {seconds} s (by ingest, with each group commit)'")
+                for name, seconds in ROLLUP_SECONDS.items()
+            ),
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

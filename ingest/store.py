@@ -31,6 +31,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError,
 from ingest.group import TABLES, Group, decode_tables, encode_tables, new_group
 from ingest.location import StoreLocation, parse_store_url, with_password
 from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
+from ingest.rollup import rollups
 from ingest.schema import Layout, render, retention_ddl, ttl_expression
 from ingest.storeerrors import (
     BatchConflict,
@@ -147,6 +148,10 @@ class Store:
         self._claimed: dict[str, tuple[Group, threading.Event]] = {}  # batch id -> its group, being stored
         self._done: list[int] = []  # groups finished here and not yet marked done in ingest_pending
         self._done_lock = threading.Lock()
+        # an embedded store has one writing process (the engine locks its folder): the groups a crash
+        # left unfinished are found once, at start, and no other server claims a batch meanwhile
+        self.sole_writer = location.engine == "chdb"
+        self._left_unfinished: dict[int, frozenset[str]] = {}  # commit -> its batch ids (sole writer)
         self._ready = False
         self._ready_lock = threading.Lock()
         # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
@@ -178,6 +183,8 @@ class Store:
         with self._ready_lock:
             if not self._ready:
                 self.migrate()
+                if self.sole_writer:
+                    self._left_unfinished = self._unfinished_groups()
                 self.materialized_cte = not self.layout.cluster and self._has_setting("enable_materialized_cte")
                 self._ready = True
         self._health_changed()
@@ -451,6 +458,10 @@ class Store:
                             self._insert(client, table, part, f"{group.token(table)}/{i}")
                         except BatchRefused as alone:
                             refused[i] = alone
+            if table == "samples":
+                kept = group.without(set(refused) | set(taken), table) if refused or taken else data
+                for rollup, rows in rollups(kept).items() if kept.num_rows else ():
+                    self._insert(client, rollup, rows, group.token(rollup))
             _crash_point(f"table:{table}")
         _crash_point("tables")
         kept = [i for i in range(len(group.batch_ids)) if i not in refused and i not in taken]
@@ -477,7 +488,10 @@ class Store:
     def _taken_elsewhere(self, client: Client, group: Group) -> dict[int, int | None]:
         """The group's batches that another group claimed before it, as the engine numbered the
         claims' inserts (two servers that both found a batch unclaimed both claim it; the first
-        claim stores it), with that group's commit; or that are stored by now (None)."""
+        claim stores it), with that group's commit; or that are stored by now (None). None of
+        them when this is the store's only writer, whose claims are taken one at a time."""
+        if self.sole_writer:
+            return {}
         ids = list(group.batch_ids)
         first: dict[str, int] = {
             str(batch_id): int(commit)
@@ -502,11 +516,7 @@ class Store:
             client.insert_arrow(
                 f"{self.db}.{table}",
                 data.combine_chunks(),  # one block for the engine, not one per batch: half the CPU
-                settings={
-                    "insert_deduplication_token": token,
-                    # the rollups of a retried insert are deduplicated with it
-                    "deduplicate_blocks_in_dependent_materialized_views": 1,
-                },
+                settings={"insert_deduplication_token": token},
             )
         except DatabaseError as error:
             if error_code(error) not in _BAD_DATA:
@@ -517,15 +527,27 @@ class Store:
 
     def _unfinished(self, client: Client, batch_ids: list[str]) -> list[int]:
         """The unfinished groups that hold any of `batch_ids`."""
+        with self._done_lock:
+            done = set(self._done)  # finished here, not yet marked
+        if self.sole_writer:
+            wanted = set(batch_ids)
+            return [commit for commit, held in list(self._left_unfinished.items()) if held & wanted]
         found = client.query(
             f"SELECT commit FROM {self.db}.ingest_pending WHERE commit IN "
             f"(SELECT commit FROM {self.db}.ingest_pending WHERE hasAny(batch_ids, {{ids:Array(String)}})) "
             "GROUP BY commit HAVING max(done) = 0",
             parameters={"ids": batch_ids},
         ).result_rows
-        with self._done_lock:
-            done = set(self._done)  # finished here, not yet marked
         return [int(row[0]) for row in found if int(row[0]) not in done]
+
+    def _unfinished_groups(self) -> dict[int, frozenset[str]]:
+        """Every unfinished group, with its batch ids."""
+        with self._client() as client:
+            found = client.query(
+                f"SELECT commit, anyIf(batch_ids, done = 0) FROM {self.db}.ingest_pending "
+                "GROUP BY commit HAVING max(done) = 0"
+            ).result_rows
+        return {int(commit): frozenset(batch_ids) for commit, batch_ids in found}
 
     def _finish(self, client: Client, commit: int) -> tuple[str, ...]:
         """Store again what an unfinished group holds (what of it landed is not stored twice); its batch ids."""
@@ -541,11 +563,13 @@ class Store:
         if len(self._ledger(client, list(batch_ids))) == len(batch_ids):  # the ledger comes last: all landed
             with self._done_lock:
                 self._done.append(commit)
+            self._left_unfinished.pop(commit, None)
             return ()
         tables = decode_tables({table: data for table, data in zip(TABLES, payloads, strict=True) if data})
         group = Group(commit, _ns(received), tuple(batch_ids), tuple(digests), tuple(rows), tables)
         log.warning("finishing group commit %d (%d batches), left unfinished by its server", commit, len(rows))
         self._store_group(client, group)
+        self._left_unfinished.pop(commit, None)
         return group.batch_ids
 
     def finish_unfinished(self, older_than_s: float) -> int:

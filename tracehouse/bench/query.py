@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ingest.migrations import rollup_select
 from ingest.store import Store
 from tracehouse.bench.common import _stamp, _timed
 from tracehouse.cli.serve import create_server
-from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
 
 GOAL_QUERY_SECONDS = 2.0
 # the questions the goal is about; the baseline and the timeline's lanes are measured beside them
@@ -72,6 +73,8 @@ FROM (SELECT number % {QUERY_GPUS} AS gpu,
              {t0} + intDiv(number, {QUERY_GPUS * len(QUERY_METRICS)}) * {span // per_series} AS t,
              (cityHash64(number) % 1000) / 10 AS value
       FROM numbers({per_series * QUERY_GPUS * len(QUERY_METRICS)}))""")
+    for table, seconds in ROLLUP_SECONDS.items():  # as ingest rolls up what it stores (ingest/rollup.py)
+        store.execute(f"INSERT INTO {{db}}.{table} {rollup_select('{db}.samples', seconds)}")
     store.execute(f"""
 INSERT INTO {{db}}.runs (run_id, name, host, source, start, end, relative_time, tags, attrs, importing, updated)
 VALUES ('bench-run', 'bench', 'bench-host', 'nsys', {ts}({t0}, 'UTC'), {ts}({t0 + span}, 'UTC'), false, map(), map(),
