@@ -1,5 +1,6 @@
 """Group commit: the batches that writers send at the same time are stored together, one insert
-per table for all of them, at most one group per `interval_s` (sooner once `max_rows` rows wait).
+per table for all of them, at most one group per `interval_s` (sooner once `max_rows` rows wait),
+of at most `max_rows` rows (what is left waits for the next group, first in line).
 So the parts the store makes, and what each insert costs, follow the data, not the number of
 writers. Each writer is answered when the group holding its batch is stored (Store.write_group).
 
@@ -33,6 +34,7 @@ class _Waiting:
     batch: ValidatedBatch
     received_ns: int
     wanted: Callable[[], bool]  # False once the writer gave up (its call was cancelled or timed out)
+    rows: int
     stored: threading.Event = field(default_factory=threading.Event)
     outcome: WriteResult | Exception | None = None
 
@@ -57,12 +59,12 @@ class GroupCommit:
 
     def write(self, batch: ValidatedBatch, received_ns: int, wanted: Callable[[], bool] = lambda: True) -> WriteResult:
         """Store `batch` with the others waiting now; return once it is stored."""
-        waiting = _Waiting(batch, received_ns, wanted)
+        waiting = _Waiting(batch, received_ns, wanted, sum(batch.rows().values()))
         with self._changed:
             if self._closing:
                 raise StoreUnavailable("the server is stopping: retry on another, or once it is back")
             self._waiting.append(waiting)
-            self._rows += sum(batch.rows().values())
+            self._rows += waiting.rows
             self._changed.notify()
         waiting.stored.wait()
         if isinstance(waiting.outcome, Exception):
@@ -101,9 +103,8 @@ class GroupCommit:
             if self._waiting:
                 due = self._last_group + self.interval_s
                 if self._closing or self._rows >= self.max_rows or now >= due:
-                    group, self._waiting, self._rows = self._waiting, [], 0
                     self._last_group = now
-                    return group
+                    return self._take()
                 self._changed.wait(due - now)
             elif self._closing:
                 return None
@@ -111,6 +112,19 @@ class GroupCommit:
                 return []
             else:
                 self._changed.wait(self._last_sweep + self.sweep_s - now)
+
+    def _take(self) -> list[_Waiting]:
+        """The batches that waited longest, up to `max_rows` rows (at least one batch): a group no
+        larger than that, so that what waits behind it waits for no more than one such group."""
+        rows, taken = 0, 0
+        for waiting in self._waiting:
+            if taken and rows + waiting.rows > self.max_rows:
+                break
+            rows += waiting.rows
+            taken += 1
+        group, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        self._rows -= rows
+        return group
 
     def _store(self, group: list[_Waiting]) -> None:
         gone = [waiting for waiting in group if not waiting.wanted()]

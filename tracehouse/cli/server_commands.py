@@ -123,7 +123,8 @@ def _add_serve(commands: Any) -> None:
             type=_positive,
             default=DEFAULT_MAX_ROWS,
             metavar="ROWS",
-            help="store the batches waiting sooner once they hold ROWS rows (default %(default)s)",
+            help="store the batches waiting sooner once they hold ROWS rows, and at most ROWS rows a group "
+            "(default %(default)s)",
         )
     for parser in (serve, up):
         _add_server_security(parser)
