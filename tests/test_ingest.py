@@ -279,18 +279,18 @@ def test_a_group_holds_at_most_commit_rows_rows_and_the_rest_waits_for_the_next(
     assert {sum(batch.rows().values()) for batch in batches} == {100}
     commit = GroupCommit(store, CommitPolicy(interval_s=1.0, max_rows=250))
     answered: list[str] = []
-    writers = [
-        threading.Thread(target=lambda b=b: (commit.write(b, T0), answered.append(b.batch_id))) for b in batches
-    ]
+    writers = [threading.Thread(target=lambda b=b: (commit.write(b, T0), answered.append(b.batch_id))) for b in batches]
     for writer in writers:
         writer.start()
     for writer in writers:
         writer.join(60)
     commit.close()
     assert sorted(answered) == sorted(batch.batch_id for batch in batches)
-    groups = store.query(
-        "SELECT batch_ids FROM {db}.ingest_pending WHERE done = 0 ORDER BY _block_number"
-    ).column("batch_ids").to_pylist()
+    groups = (
+        store.query("SELECT batch_ids FROM {db}.ingest_pending WHERE done = 0 ORDER BY _block_number")
+        .column("batch_ids")
+        .to_pylist()
+    )
     assert sorted(id for ids in groups for id in ids) == sorted(answered)
     assert max(len(ids) for ids in groups) == 2 and len(groups) >= 3
     assert counts(store)["samples"] == 600
