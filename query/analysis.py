@@ -64,6 +64,7 @@ gaps AS (SELECT host, gpu, reach AS start_ns, s AS end_ns, s - reach AS length_n
 # a gap as one Int128 that sorts longest first, then earliest: its negated length in the high 64 bits, its
 # start (reach) in the low ones; several times cheaper to keep the longest of than a tuple
 _GAP_KEY = "bitShiftLeft(toInt128(reach - s), 64) + reach"
+_LONG_GAP = f"{GAP} AND s - reach > {{min_gap:Int64}}"
 
 
 def gpu_time(where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int) -> Query:
@@ -79,10 +80,10 @@ SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_
 FROM (
     SELECT host, gpu, min(s) AS first, max(e) AS last, {span_start} AS span_start_ns, {span_end} AS span_end_ns,
            last - first - sumIf(s - reach, {GAP}) AS busy_ns, countIf({GAP}) + 1 AS islands,
-           countIf({GAP} AND s - reach > {{min_gap:Int64}}) AS long_gaps,
+           countIf({_LONG_GAP}) AS long_gaps,
            arrayMap(k -> (toInt64(bitAnd(k, 0xFFFFFFFFFFFFFFFF)) AS at, at - toInt64(bitShiftRight(k, 64)),
                           -toInt64(bitShiftRight(k, 64))),
-                    groupArraySortedIf({{max_gaps:UInt32}})({_GAP_KEY}, {GAP} AND s - reach > {{min_gap:Int64}})) AS gaps
+                    groupArraySortedIf({{max_gaps:UInt32}})({_GAP_KEY}, {_LONG_GAP})) AS gaps
     FROM reach GROUP BY host, gpu
 )
 ORDER BY host, gpu"""

@@ -8,6 +8,15 @@ from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
+THREAD = "cityHash64(host, scope, pid, tid)"  # a range's thread, in its scope, as one key
+LEVEL = "cityHash64(kind, style, depth)"  # a range's level on its thread, as one key
+
+
+def gpu_key(host: str, gpu: str) -> str:
+    """A GPU (host and index) as one key; the host's hash comes from its dictionary, not each row."""
+    return f"cityHash64(cityHash64({host}), {gpu})"
+
+
 # telemetry inside phases: each metric's columns are named for it and its unit (gpu.util_pct -> gpu_util_pct_avg)
 PHASE_METRICS = {metric.replace(".", "_"): metric for metric in ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w")}
 
@@ -27,36 +36,37 @@ ranges AS {"MATERIALIZED " if materialized else ""}(
 
 
 def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
-    """ASOF-join `left` rows (of GPU work, in each scope it is seen in) to the ranges containing `time`.
-    Ranges in one lane (host, scope, thread, kind, style, depth) never overlap, so per lane the latest
-    range starting at or before the time is the only candidate; every row is tried against every lane.
-    (A step and the phases inside it overlap at depth 0: their kinds keep them in lanes of their own.)
-    The lane is joined on its 64-bit hash: one integer key is several times faster than seven columns."""
+    """ASOF-join `left` rows (of GPU work, each with its `thread`: the hash of its host, scope, process and
+    thread) to the ranges containing `time`. Ranges in one lane (thread, kind, style, depth) never overlap,
+    so per lane the latest range starting at or before the time is the only candidate; every row is tried
+    against every lane. (A step and the phases inside it overlap at depth 0: their kinds keep them in lanes
+    of their own.) The lane is joined on its 64-bit hash: one integer key is several times faster than seven
+    columns."""
     return f"""
-(SELECT *, cityHash64(host, scope, pid, tid, level.1, level.2, level.3) AS lane FROM ({left})
- ARRAY JOIN (SELECT groupUniqArray((kind, style, depth)) FROM {ranges}) AS level) AS w
-ASOF INNER JOIN (SELECT *, cityHash64(host, scope, pid, tid, kind, style, depth) AS lane FROM {ranges}) AS r
+(SELECT *, cityHash64(thread, level) AS lane FROM ({left})
+ ARRAY JOIN (SELECT groupUniqArray({LEVEL}) FROM {ranges}) AS level) AS w
+ASOF INNER JOIN (SELECT range_id, rs, re, cityHash64({THREAD}, {LEVEL}) AS lane FROM {ranges}) AS r
     ON w.lane = r.lane AND w.{time} >= r.rs"""
 
 
 def _projection(ranges: str) -> str:
     """CTEs `projected` and `projection`: each range of `ranges` with the GPU work launched
-    from inside it (same host, scope, process and thread)."""
-    columns = f"pid, tid, kind, {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e"
-    launched = f"""
+    from inside it (same host, scope, process and thread). Work of a run with ranges in `ranges` is
+    seen in its run's scope, other work only in scope '' (lent), where ranges of a run without a trace
+    are: one pass over the work either way."""
+    work = f"""
+SELECT cityHash64(host, if({own(ranges)}, {SCOPE}, ''), pid, tid) AS thread, kind = 'kernel' AS kernel,
+       {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
 FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
   AND host IN (SELECT DISTINCT host FROM {ranges})
   AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
-  AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')"""
-    work = f"""
-SELECT host, {SCOPE} AS scope, {columns} {launched} AND {own(ranges)}
-UNION ALL
-SELECT host, '' AS scope, {columns} {launched} AND NOT {own(ranges)} AND {lent(ranges)}"""
+  AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')
+  AND ({own(ranges)} OR {lent(ranges)})"""
     return f"""
 projected AS (
     SELECT r.range_id AS range_id, min(w.s) AS first_start, max(w.e) AS last_end, count() AS ops,
-           countIf(w.kind = 'kernel') AS kernel_ops
+           countIf(w.kernel) AS kernel_ops
     FROM {_levels_join(work, "ls", ranges)}
     WHERE w.ls < r.re
     GROUP BY r.range_id
@@ -119,11 +129,19 @@ def phases(where: Predicates) -> Query:
     in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
     met = f"({own('ranges')} OR {lent('ranges')})"  # work the ranges meet
     order = "PARTITION BY key ORDER BY t, border, e"
-    telemetry = ",\n       ".join(
-        f"sumIf(n, metric = '{metric}') AS {name}_n, sumIf(total, metric = '{metric}') AS {name}_sum, "
-        f"maxIf(top, metric = '{metric}') AS {name}_max"
-        for name, metric in PHASE_METRICS.items()
+    # samples are summed up per segment with each metric's count, sum and top apart (by its number m), not
+    # grouped by the metric's name as well: a third key, and a string, costs more than the join
+    numbered = " ".join(f"metric = '{metric}', {m}," for m, metric in enumerate(PHASE_METRICS.values()))
+    per_segment = ",\n           ".join(
+        f"countIf(m = {m}) AS {name}_count, sumIf(value, m = {m}) AS {name}_total, "
+        f"maxIfOrNull(value, m = {m}) AS {name}_top"
+        for m, name in enumerate(PHASE_METRICS)
     )
+    telemetry = ",\n       ".join(
+        f"sum({name}_count) AS {name}_n, sum({name}_total) AS {name}_sum, max({name}_top) AS {name}_max"
+        for name in PHASE_METRICS
+    )
+    counted = " + ".join(f"{name}_count" for name in PHASE_METRICS)
     results = ", ".join(
         f"if(i.{n}_n > 0, i.{n}_sum / i.{n}_n, NULL) AS {n}_avg, if(i.{n}_n > 0, i.{n}_max, NULL) AS {n}_max"
         for n in PHASE_METRICS
@@ -144,15 +162,15 @@ host_gpus AS MATERIALIZED (
     WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {lo} AND ts < {hi}
 ),
 instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
-    SELECT r.range_id AS range_id, cityHash64(g.host, g.gpu) AS key, r.rs AS rs, r.re AS re
+    SELECT r.range_id AS range_id, {gpu_key("g.host", "g.gpu")} AS key, r.rs AS rs, r.re AS re
     FROM ranges AS r INNER JOIN process_gpus AS g ON g.host = r.host AND g.scope = r.scope AND g.pid = r.pid
     UNION ALL
-    SELECT r.range_id, cityHash64(g.host, g.gpu), r.rs, r.re
+    SELECT r.range_id, {gpu_key("g.host", "g.gpu")}, r.rs, r.re
     FROM ranges AS r INNER JOIN host_gpus AS g ON g.host = r.host
     WHERE (r.host, r.scope, r.pid) NOT IN (SELECT host, scope, pid FROM process_gpus)
 ),
 stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
-    SELECT cityHash64(host, gpu) AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
+    SELECT {gpu_key("host", "gpu")} AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
            0 AS range_id FROM {{db}}.events
     WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t AND {met}
     UNION ALL
@@ -178,7 +196,7 @@ spans AS MATERIALIZED (  -- each instance: its length, busy time, and the number
     FROM borders GROUP BY key, range_id
 ),
 covers AS MATERIALIZED (  -- segment n runs from the borders numbered n to the next ones
-    SELECT key, n, arraySort(groupUniqArray(name)) AS names, cityHash64(names) AS cover
+    SELECT key, n, arraySort(arrayDistinct(groupArray(name))) AS names, cityHash64(names) AS cover
     FROM (SELECT s.key AS key, r.name AS name, arrayJoin(range(s.first, s.last)) AS n
           FROM spans AS s INNER JOIN ranges AS r USING (range_id))
     GROUP BY key, n
@@ -188,17 +206,18 @@ segments AS (  -- every border time starts a segment; cover 0: no range covers i
     FROM (SELECT DISTINCT key, t, n FROM borders) AS b LEFT JOIN covers AS c ON c.key = b.key AND c.n = b.n
 ),
 inside AS (
-    SELECT key, cover, metric, count() AS n, sum(value) AS total, max(value) AS top
-    FROM (SELECT cityHash64(host, gpu) AS key, metric, {NS}(ts) AS t, value FROM {{db}}.samples
+    SELECT key, cover,
+           {per_segment}
+    FROM (SELECT {gpu_key("host", "gpu")} AS key, multiIf({numbered} -1) AS m, {NS}(ts) AS t, value FROM {{db}}.samples
           WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
             AND ts >= {lo} AND ts < {hi}) AS w
     ASOF INNER JOIN segments AS g ON g.key = w.key AND w.t >= g.s
     WHERE cover != 0
-    GROUP BY key, cover, metric
+    GROUP BY key, cover
 ),
-gpus AS (SELECT DISTINCT host, gpu, cityHash64(host, gpu) AS key FROM host_gpus),
+gpus AS (SELECT DISTINCT host, gpu, {gpu_key("host", "gpu")} AS key FROM host_gpus),
 named AS (
-    SELECT name, key, sum(n) AS samples,
+    SELECT name, key, sum({counted}) AS samples,
        {telemetry}
     FROM inside INNER JOIN (SELECT DISTINCT key, cover, names FROM covers) AS c USING (key, cover)
     ARRAY JOIN names AS name
