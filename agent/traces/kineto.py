@@ -146,7 +146,7 @@ class KinetoTrace:
             self.metadata = self._metadata_members()
             self.host = self._host()
             self._blocks = EventBlocks(self._text, path.name, self._lists_before, self._scan.layout)
-            self._events = chain.from_iterable(self._blocks)
+            self._events = iter(self._blocks)
             self._primed = self._prime()
         except BaseException:
             self.close()
@@ -277,18 +277,23 @@ class KinetoTrace:
         first: int | None = None
         phased = False  # an event with a phase was read
         with self._reading():
-            for event in self._events:
-                if not self._read and type(event) is not Event:
-                    raise KinetoError(f"{self.path.name}: JSON, but not a Chrome trace (its events are not objects)")
-                if type(event) is Event and type(event.ph) is str:
-                    phased = True
-                    if event.ph in TIMED:
-                        first = to_ns(event.ts)
-                        if first is not None:
-                            primed.append(event)
-                            break
-                self._read += 1
-                self._rows.add(event)
+            for block in self._events:
+                for at, event in enumerate(block):
+                    if not self._read and type(event) is not Event:
+                        raise KinetoError(
+                            f"{self.path.name}: JSON, but not a Chrome trace (its events are not objects)"
+                        )
+                    if type(event) is Event and type(event.ph) is str:
+                        phased = True
+                        if event.ph in TIMED:
+                            first = to_ns(event.ts)
+                            if first is not None:
+                                primed = block[at:]
+                                break
+                    self._read += 1
+                    self._rows.add(event)
+                if primed:
+                    break
         if self._read and not phased:
             raise KinetoError(f"{self.path.name}: JSON, but not a Chrome trace (none of its objects has a phase, ph)")
         if first is not None and base and first >= YEAR_2000_NS:
@@ -317,12 +322,14 @@ class KinetoTrace:
         starts: list[int] = []
         rows = self._rows
         with self._reading():
-            for event in chain(self._primed, self._events):
-                rows.add(event)
-                if len(rows.current.rows) >= CHUNK_ROWS:
-                    if held is not None:
-                        yield self._release(held, starts)
-                    held, rows.current = rows.current, Chunk()
+            for block in chain([self._primed], self._events):
+                at = 0
+                while at < len(block):
+                    at = rows.add_all(block, at)
+                    if len(rows.current.rows) >= CHUNK_ROWS:
+                        if held is not None:
+                            yield self._release(held, starts)
+                        held, rows.current = rows.current, Chunk()
         for chunk in (held, rows.current):
             if chunk is not None and chunk.rows:
                 yield self._release(chunk, starts)

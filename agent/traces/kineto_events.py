@@ -208,115 +208,129 @@ class EventRows:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def add(self, event: Any) -> None:
-        """One event (an Event, or an item that is not an object), as a row of the current chunk,
-        or counted as skipped."""
-        if type(event) is not Event:
-            self._skip("not an event")
-            return
-        ph = event.ph
-        if ph == "X":
-            category = event.cat
-            kind = CATEGORIES.get(category) if type(category) is str else None
-            if kind is None:
-                self._skip(f"category {_label(category)}")
-                return
-        elif type(ph) is not str:
-            self._skip(f"phase {_label(ph)}")
-            return
-        elif ph in INSTANTS:
-            kind = "mark"
-        elif ph == "M":
-            self._name(event)
-            return
-        elif ph in FLOWS:
-            if "flow" in self.skipped:
-                self.skipped["flow"] += 1
-            else:
-                self._skip("flow")
-            return
-        else:
-            self._skip(f"phase {_label(ph)}")
-            return
-        start = _ns(event.ts)
-        if start is None:
-            self._skip("no time")
-            return
-        start += self.offset
-        duration = event.dur if ph == "X" and kind != "mark" else None
-        if duration is None:
-            end = start
-        else:
-            length = _ns(duration)
-            if length is None or length < 0 or length > MAX_EVENT_NS:
-                self._skip("bad duration")
-                return
-            end = start + length
-        if start < 0 or end > MAX_NS:
-            self._skip("time out of range")
-            return
-        args = event.args
-        if type(args) is not dict:
-            args = _EMPTY
-        name = event.name
-        if type(name) is not str or len(name) * 4 > MAX_STRING:
-            name = fit_string(name)
-        chunk = self.current
-        row = len(chunk.rows)
-        gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
-        if kind in ON_GPU:
-            device = args.get("device", event.pid)
-            gpu = device if type(device) is int and 0 <= device <= MAX_GPU else NO_GPU
-            lane = args.get("stream", event.tid)
-            stream = lane if type(lane) is int and 0 <= lane < (1 << 31) else NO_STREAM
-            if kind == "kernel":
-                launch = self._launch(args)
-                if launch:
-                    chunk.extras["launch"][row] = launch
-                occupancy = args.get("est. achieved occupancy %")
-                if type(occupancy) in (int, Decimal, float):
-                    chunk.extras["occupancy_pct"][row] = number_text(occupancy)
-            elif kind == "memcpy" or kind == "memset":
-                name, memory = self._memory(name)
-                if memory:
-                    chunk.extras["memory"][row] = memory
-                size = uint_below(args.get("bytes"), MAX_EVENT_BYTES + 1) or 0
-            elif kind == "sync":
-                chunk.extras["sync_type"][row] = fit_string(args.get("cuda_sync_kind") or name)
-            else:  # gpu_annotation
-                depth = self._lane(("gpu", gpu, stream), start, end)
-            if kind != "gpu_annotation":
-                correlation = args.get("correlation")
-                if type(correlation) is not int or not 0 <= correlation < 1 << 63:
-                    correlation = 0
-        else:
-            pid, tid = event.pid, event.tid
-            if type(pid) is not int or not 0 <= pid < UINT32 or type(tid) is not int or not 0 <= tid < 1 << 63:
-                pid, tid = self._track(chunk, row, pid, tid)
-            if kind == "cuda_api":
-                name = self._api_name(name)
-                chunk.extras["api"][row] = "driver" if event.cat == "cuda_driver" else "runtime"
-                correlation = args.get("correlation")
-                if type(correlation) is not int or not 0 <= correlation < 1 << 63:
-                    correlation = 0
-            elif kind == "nvtx":
-                if name.startswith(STEP_PREFIX):
-                    kind, name = "step", "step"
-                    chunk.extras["step"][row] = fit_string(event.name)[len(STEP_PREFIX) :]
-                chunk.extras["style"][row] = "PushPop"
-                depth = self._lane(("range", pid, tid), start, end)
-            elif kind != "mark":
-                depth = self._lane((kind, pid, tid), start, end)
-        chunk.rows.append((kind, start, end, name, gpu, stream, pid, tid, correlation, size, depth))
-        if correlation:
-            if kind == "cuda_api":
-                self._call(correlation, pid, tid, start, name)
-            elif kind in GPU_WORK:
-                call = self._calls.get(correlation)
-                if call is not None:
-                    chunk.links[row] = call
+        """One event (an Event, or an item that is not an object), as a row of the current chunk
+        (which is not full), or counted as skipped."""
+        if not self.add_all([event], 0):
+            raise ValueError("the current chunk is full")
+
+    def add_all(self, events: list[Any], at: int) -> int:
+        """Events from `at` on, each as add takes it, until the current chunk is full; returns the
+        index of the first event not taken. One loop with its state in local names: per event,
+        this is what importing costs."""
+        skipped, offset, chunk = self.skipped, self.offset, self.current
+        rows, extras, links = chunk.rows, chunk.extras, chunk.links
+        calls, lane_of = self._calls, self._lane
+        count = len(events)
+        while at < count and len(rows) < CHUNK_ROWS:
+            event = events[at]
+            at += 1
+            if type(event) is not Event:
+                self._skip("not an event")
+                continue
+            ph = event.ph
+            if ph == "X":
+                category = event.cat
+                kind = CATEGORIES.get(category) if type(category) is str else None
+                if kind is None:
+                    self._skip(f"category {_label(category)}")
+                    continue
+            elif type(ph) is not str:
+                self._skip(f"phase {_label(ph)}")
+                continue
+            elif ph in INSTANTS:
+                kind = "mark"
+            elif ph == "M":
+                self._name(event)
+                continue
+            elif ph in FLOWS:
+                if "flow" in skipped:
+                    skipped["flow"] += 1
                 else:
-                    self._waiting.setdefault(correlation, []).append((chunk, row))
-                    chunk.waiting.append(correlation)
+                    self._skip("flow")
+                continue
+            else:
+                self._skip(f"phase {_label(ph)}")
+                continue
+            start = _ns(event.ts)
+            if start is None:
+                self._skip("no time")
+                continue
+            start += offset
+            duration = event.dur if ph == "X" and kind != "mark" else None
+            if duration is None:
+                end = start
+            else:
+                length = _ns(duration)
+                if length is None or length < 0 or length > MAX_EVENT_NS:
+                    self._skip("bad duration")
+                    continue
+                end = start + length
+            if start < 0 or end > MAX_NS:
+                self._skip("time out of range")
+                continue
+            args = event.args
+            if type(args) is not dict:
+                args = _EMPTY
+            name = event.name
+            if type(name) is not str or len(name) * 4 > MAX_STRING:
+                name = fit_string(name)
+            row = len(rows)
+            gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
+            if kind in ON_GPU:
+                device = args.get("device", event.pid)
+                gpu = device if type(device) is int and 0 <= device <= MAX_GPU else NO_GPU
+                lane = args.get("stream", event.tid)
+                stream = lane if type(lane) is int and 0 <= lane < (1 << 31) else NO_STREAM
+                if kind == "kernel":
+                    launch = self._launch(args)
+                    if launch:
+                        extras["launch"][row] = launch
+                    occupancy = args.get("est. achieved occupancy %")
+                    if type(occupancy) in (int, Decimal, float):
+                        extras["occupancy_pct"][row] = number_text(occupancy)
+                elif kind == "memcpy" or kind == "memset":
+                    name, memory = self._memory(name)
+                    if memory:
+                        extras["memory"][row] = memory
+                    size = uint_below(args.get("bytes"), MAX_EVENT_BYTES + 1) or 0
+                elif kind == "sync":
+                    extras["sync_type"][row] = fit_string(args.get("cuda_sync_kind") or name)
+                else:  # gpu_annotation
+                    depth = lane_of(("gpu", gpu, stream), start, end)
+                if kind != "gpu_annotation":
+                    correlation = args.get("correlation")
+                    if type(correlation) is not int or not 0 <= correlation < 1 << 63:
+                        correlation = 0
+            else:
+                pid, tid = event.pid, event.tid
+                if type(pid) is not int or not 0 <= pid < UINT32 or type(tid) is not int or not 0 <= tid < 1 << 63:
+                    pid, tid = self._track(chunk, row, pid, tid)
+                if kind == "cuda_api":
+                    name = self._api_name(name)
+                    extras["api"][row] = "driver" if event.cat == "cuda_driver" else "runtime"
+                    correlation = args.get("correlation")
+                    if type(correlation) is not int or not 0 <= correlation < 1 << 63:
+                        correlation = 0
+                elif kind == "nvtx":
+                    if name.startswith(STEP_PREFIX):
+                        kind, name = "step", "step"
+                        extras["step"][row] = fit_string(event.name)[len(STEP_PREFIX) :]
+                    extras["style"][row] = "PushPop"
+                    depth = lane_of(("range", pid, tid), start, end)
+                elif kind != "mark":
+                    depth = lane_of((kind, pid, tid), start, end)
+            rows.append((kind, start, end, name, gpu, stream, pid, tid, correlation, size, depth))
+            if correlation:
+                if kind == "cuda_api":
+                    self._call(correlation, pid, tid, start, name)
+                elif kind in GPU_WORK:
+                    call = calls.get(correlation)
+                    if call is not None:
+                        links[row] = call
+                    else:
+                        self._waiting.setdefault(correlation, []).append((chunk, row))
+                        chunk.waiting.append(correlation)
+        return at
 
     @staticmethod
     def _track(chunk: Chunk, row: int, raw_pid: Any, raw_tid: Any) -> tuple[int, int]:
