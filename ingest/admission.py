@@ -57,6 +57,26 @@ class AdmissionCounts:
     refused: int
 
 
+class Admitted:
+    """An admitted write's bytes, held until `release` (once its batch is stored, or refused)."""
+
+    def __init__(self, admission: Admission, size: int, started: float) -> None:
+        self._admission = admission
+        self._size = size
+        self._started = started
+        self._released = False
+        self.handed_over = False  # to whoever calls release: the call's end does not
+
+    def hand_over(self) -> Callable[[], None]:
+        self.handed_over = True
+        return self.release
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._admission._stored(self._size, self._admission._clock() - self._started)
+
+
 class Admission:
     """At most `max_bytes` bytes and `max_calls` writes in flight, and no more than are stored within
     `target_ms` at the recent pace. `max_calls` must be below the server's worker threads, so that some
@@ -89,10 +109,10 @@ class Admission:
         self._first_finished = 0.0
 
     @contextlib.contextmanager
-    def admit(self, size: int, deadline_s: float | None = None) -> Iterator[None]:
-        """Hold `size` bytes of the bound and one call while the block runs; Overloaded when they do
-        not fit, or would wait longer than `target_ms` or a third of the caller's `deadline_s` (its time
-        left)."""
+    def admit(self, size: int, deadline_s: float | None = None) -> Iterator[Admitted]:
+        """Hold `size` bytes of the bound and one call while the block runs (the bytes longer, if the
+        block hands them over: until Admitted.release); Overloaded when they do not fit, or would wait
+        longer than `target_ms` or a third of the caller's `deadline_s` (its time left)."""
         target_ms = self.target_ms if deadline_s is None else min(self.target_ms, deadline_s * 1000 / 3)
         with self._lock:
             now = self._clock()
@@ -121,19 +141,24 @@ class Admission:
             self._calls += 1
             self._admitted += 1
             self._peak = max(self._peak, self._bytes)
-        started = self._clock()
+        admitted = Admitted(self, size, self._clock())
         try:
-            yield
+            yield admitted
         finally:
             with self._lock:
-                self._bytes -= size
                 self._calls -= 1
-                now = self._clock()
-                if not self._finished:
-                    self._first_finished = now
-                self._finished.append((now, size, now - started))
-                self._finished_bytes += size
-                self._finished_took += now - started
+            if not admitted.handed_over:
+                admitted.release()
+
+    def _stored(self, size: int, took: float) -> None:
+        with self._lock:
+            self._bytes -= size
+            now = self._clock()
+            if not self._finished:
+                self._first_finished = now
+            self._finished.append((now, size, took))
+            self._finished_bytes += size
+            self._finished_took += took
 
     def _pace(self, now: float) -> float | None:
         while self._finished and self._finished[0][0] < now - PACE_WINDOW_S:

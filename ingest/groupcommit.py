@@ -2,7 +2,10 @@
 per table for all of them, at most one group per `interval_s` (sooner once `max_rows` rows wait),
 of at most `max_rows` rows (what is left waits for the next group, first in line).
 So the parts the store makes, and what each insert costs, follow the data, not the number of
-writers. Each writer is answered when the group holding its batch is stored (Store.write_group).
+writers. Each writer is answered when the group holding its batch is stored, or, when storing it
+takes longer than `answer_within_s`, once the group is claimed (Store.claim_group: from then on it
+is stored once whatever fails). Batches that describe runs are answered only once stored, and are
+stored after every group taken before them: what their writers send next may read them.
 
 Between groups, and every `sweep_s`, unfinished groups that another server left behind are
 finished (Store.finish_unfinished).
@@ -35,8 +38,17 @@ class _Waiting:
     received_ns: int
     wanted: Callable[[], bool]  # False once the writer gave up (its call was cancelled or timed out)
     rows: int
+    on_stored: Callable[[], None]
+    may_answer_early: bool
     stored: threading.Event = field(default_factory=threading.Event)
+    claimed: threading.Event = field(default_factory=threading.Event)  # set with `stored` too
     outcome: WriteResult | Exception | None = None
+
+    def settle(self, outcome: WriteResult | Exception) -> None:
+        self.outcome = outcome
+        self.stored.set()
+        self.claimed.set()
+        self.on_stored()
 
 
 class GroupCommit:
@@ -45,6 +57,7 @@ class GroupCommit:
         self.store = store
         self.interval_s = policy.interval_s
         self.max_rows = policy.max_rows
+        self.answer_within_s = policy.answer_within_s
         self.sweep_s = sweep_s
         self._waiting: list[_Waiting] = []
         self._rows = 0
@@ -52,21 +65,36 @@ class GroupCommit:
         self._last_group = -math.inf
         self._last_sweep = time.monotonic()
         self._closing = False
-        self._slots = threading.Semaphore(STORING_AT_ONCE)
         self.groups = 0  # stored so far
+        self.answered_early = 0  # writers answered once their group was claimed, before it was stored
+        self._storing: set[threading.Event] = set()  # groups taken and not yet stored; each set once stored
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
-    def write(self, batch: ValidatedBatch, received_ns: int, wanted: Callable[[], bool] = lambda: True) -> WriteResult:
-        """Store `batch` with the others waiting now; return once it is stored."""
-        waiting = _Waiting(batch, received_ns, wanted, sum(batch.rows().values()))
+    def write(
+        self, batch: ValidatedBatch, received_ns: int, wanted: Callable[[], bool] = lambda: True,
+        on_stored: Callable[[], None] = lambda: None,
+    ) -> WriteResult:  # fmt: skip
+        """Store `batch` with the others waiting now; return once it is stored, or once its group is
+        claimed (so stored once, whatever fails) if storing it takes longer than `answer_within_s`
+        from now. Batches that describe runs wait until stored: what a writer sends after them may
+        read them. `on_stored` is called once the batch is stored, or refused, in any case."""
+        rows = sum(batch.rows().values())
+        waiting = _Waiting(batch, received_ns, wanted, rows, on_stored, batch.runs is None)
         with self._changed:
             if self._closing:
                 raise StoreUnavailable("the server is stopping: retry on another, or once it is back")
             self._waiting.append(waiting)
             self._rows += waiting.rows
             self._changed.notify()
-        waiting.stored.wait()
+        if waiting.may_answer_early:
+            waiting.stored.wait(self.answer_within_s)
+            waiting.claimed.wait()
+        else:
+            waiting.stored.wait()
+        if not waiting.stored.is_set():  # stored once whatever fails: the group is claimed
+            self.answered_early += 1
+            return WriteResult(duplicate=False, rows=batch.rows())
         if isinstance(waiting.outcome, Exception):
             raise waiting.outcome
         assert waiting.outcome is not None
@@ -80,32 +108,37 @@ class GroupCommit:
         self._thread.join()
 
     def _run(self) -> None:
+        if self.store.sole_writer:  # what a crash left unfinished is this process's own: finished first
+            self._sweep(older_than_s=0.0)
         with ThreadPoolExecutor(STORING_AT_ONCE, thread_name_prefix="group-commit") as storing:
             while True:
-                self._slots.acquire()  # a group waits to be taken until it can be stored now
                 with self._changed:
                     group = self._next_group()
+                    if group:
+                        stored = threading.Event()
+                        earlier, self._storing = set(self._storing), self._storing | {stored}
                 if group is None:
-                    self._slots.release()
                     break
                 if group:
-                    storing.submit(self._store, group).add_done_callback(lambda _: self._slots.release())
-                else:
-                    self._slots.release()
+                    storing.submit(self._store, group, stored, earlier)
                 if time.monotonic() - self._last_sweep >= self.sweep_s:
                     self._sweep()
         self._sweep()
 
     def _next_group(self) -> list[_Waiting] | None:
-        """Wait for the next group (an empty one when it is time to sweep); None once closed."""
+        """Wait for the next group (an empty one when it is time to sweep); None once closed. A group
+        is taken once a store can take it: under load, groups grow rather than queue."""
         while True:
             now = time.monotonic()
             if self._waiting:
                 due = self._last_group + self.interval_s
-                if self._closing or self._rows >= self.max_rows or now >= due:
+                if not self._closing and self._rows < self.max_rows and now < due:
+                    self._changed.wait(due - now)
+                elif self._closing or len(self._storing) < STORING_AT_ONCE:
                     self._last_group = now
                     return self._take()
-                self._changed.wait(due - now)
+                else:
+                    self._changed.wait()
             elif self._closing:
                 return None
             elif now - self._last_sweep >= self.sweep_s:
@@ -126,29 +159,51 @@ class GroupCommit:
         self._rows -= rows
         return group
 
-    def _store(self, group: list[_Waiting]) -> None:
+    def _store(self, group: list[_Waiting], stored: threading.Event, earlier: set[threading.Event]) -> None:
+        try:
+            self._claim_and_store(group, earlier)
+        finally:
+            with self._changed:
+                self._storing.discard(stored)
+                self._changed.notify()
+            stored.set()
+
+    def _claim_and_store(self, group: list[_Waiting], earlier: set[threading.Event]) -> None:
         gone = [waiting for waiting in group if not waiting.wanted()]
         for waiting in gone:  # left out: its writer will send it again, here or elsewhere
-            waiting.outcome = StoreUnavailable("the writer gave up before its batch was stored")
-            waiting.stored.set()
+            waiting.settle(StoreUnavailable("the writer gave up before its batch was stored"))
         group = [waiting for waiting in group if waiting.wanted()]
         if not group:
             return
+        batches = [waiting.batch for waiting in group]
         try:
-            outcomes: list[WriteResult | StoreError] | list[Exception] = self.store.write_group(
-                [waiting.batch for waiting in group], min(waiting.received_ns for waiting in group)
-            )
+            claim = self.store.claim_group(batches, min(waiting.received_ns for waiting in group))
         except Exception as error:  # the store failed: every writer is told, and retries
+            for waiting in group:
+                waiting.settle(error)
+            return
+        for i, waiting in enumerate(group):
+            settled = claim.settled(i)
+            if settled is not None:
+                waiting.settle(settled)
+            waiting.claimed.set()
+        if any(batch.runs is not None for batch in batches):
+            for other in earlier:  # what was answered before this run's description is stored first
+                other.wait()
+        try:
+            outcomes: list[WriteResult | StoreError] | list[Exception] = self.store.store_claimed(claim)
+        except Exception as error:  # a retry finishes the group, or the sweep: it is claimed
+            log.warning("a claimed group commit is left for a retry or the sweep to finish: %s", error)
             outcomes = [error] * len(group)
         self.groups += 1
         for waiting, outcome in zip(group, outcomes, strict=True):
-            waiting.outcome = outcome
-            waiting.stored.set()
+            if not waiting.stored.is_set():
+                waiting.settle(outcome)
 
-    def _sweep(self) -> None:
+    def _sweep(self, older_than_s: float = UNFINISHED_AFTER_S) -> None:
         self._last_sweep = time.monotonic()
         try:
-            finished = self.store.finish_unfinished(UNFINISHED_AFTER_S)
+            finished = self.store.finish_unfinished(older_than_s)
         except StoreError as error:
             log.warning("could not look for unfinished group commits: %s", error)
             return

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ingest.admission import Admission, Overloaded
+from ingest.admission import Admission, Admitted, Overloaded
 from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
 from ingest.groupcommit import GroupCommit
 from ingest.store import Store, WriteResult
@@ -36,12 +36,12 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
         grant = CALLER.get()
         try:
-            with self.admission.admit(len(encoded) or request.ByteSize(), context.time_remaining()):
+            with self.admission.admit(len(encoded) or request.ByteSize(), context.time_remaining()) as admitted:
                 received = now_ns()
                 as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
                 batch = validate_batch(request.batch, self.store.limits, received, as_sent, grant.namespace)
                 check_bounds(batch, grant)
-                result = self._write(batch, received, grant, context.is_active)
+                result = self._write(batch, received, grant, context.is_active, admitted)
         except Overloaded as refused:
             context.set_trailing_metadata(((PUSHBACK_KEY, str(refused.retry_ms)),))
             raise
@@ -50,17 +50,20 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
             raise
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, **result.rows)
 
-    def _write(self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool]) -> WriteResult:
-        """Run descriptions answer to the stored ones first, one run at a time in this process."""
+    def _write(
+        self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool], admitted: Admitted
+    ) -> WriteResult:
+        """Run descriptions answer to the stored ones first, one run at a time in this process. The
+        admitted bytes are held until the batch is stored, which may come after the answer."""
         if grant.hosts is not None:
             check_run_hosts(batch, self._run_hosts(named_runs(batch)), grant)
         if batch.runs is None:
-            return self.commit.write(batch, received, wanted)
+            return self.commit.write(batch, received, wanted, admitted.hand_over())
         with self.run_locks.holding(batch.runs.column("run_id").to_pylist()):
             stored = self.store.run_states(batch)
             if stored is not None:  # None: this very batch is stored already
                 check_descriptions(batch.runs, stored, grant)
-            return self.commit.write(batch, received, wanted)
+            return self.commit.write(batch, received, wanted, admitted.hand_over())
 
     def _run_hosts(self, run_ids: list[str]) -> dict[str, str]:
         missing = [run_id for run_id in run_ids if run_id not in self._stored_hosts]

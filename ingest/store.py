@@ -84,6 +84,29 @@ class WriteResult:
     rows: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class Claim:
+    """Batches of a group commit, claimed (Store.claim_group): those stored before, and the first
+    of each other batch id, by index, now in the claimed group."""
+
+    batches: Sequence[ValidatedBatch]
+    finished: set[str]  # batch ids whose unfinished group the claim finished
+    stored: Mapping[str, tuple[str, dict[str, int]]]  # batch id -> digest and rows, stored before
+    first: Mapping[str, int]  # batch id -> index of its first batch, for those claimed now
+    claimed: tuple[Group, threading.Event] | None
+
+    def settled(self, i: int) -> WriteResult | StoreError | None:
+        """Batch i's outcome if the claim decides it: a batch stored before (or by the group the claim
+        finished). None for the others, which only storing the claimed group decides."""
+        batch = self.batches[i]
+        if batch.batch_id not in self.stored:
+            return None
+        outcome = _as_stored(batch, *self.stored[batch.batch_id])
+        if isinstance(outcome, WriteResult) and batch.batch_id in self.finished:
+            outcome = WriteResult(duplicate=False, rows=outcome.rows)  # its group was finished just now
+        return outcome
+
+
 class _ClientPool:
     """A few clients shared by threads; a client that failed is closed and replaced,
     since a failed query can leave unread data on its connection."""
@@ -351,41 +374,56 @@ class Store:
         batch alone. A failure of the store raises; what landed of the group is finished when one
         of its batches is written again (here or by another server on the store), or by
         finish_unfinished."""
+        return self.store_claimed(self.claim_group(batches, received_ns))
+
+    def claim_group(self, batches: Sequence[ValidatedBatch], received_ns: int) -> Claim:
+        """The first half of write_group: which batches are stored already, and the others claimed
+        as one group, whole in ingest_pending, so that from now on they are stored once whatever
+        fails (Claim.settled). Then store_claimed, always, even after the store failed here."""
         self.ensure_ready()
         ids = sorted({batch.batch_id for batch in batches})
-        refused: dict[int, StoreError] = {}
         with self._client() as client:
             finished, stored, first = self._claim(client, batches, ids, received_ns)
-            fresh = sorted(first.values())
-            if fresh:
-                group, storing = self._claimed[batches[fresh[0]].batch_id]
-                try:
+        fresh = sorted(first.values())
+        claimed = self._claimed[batches[fresh[0]].batch_id] if fresh else None
+        return Claim(batches, finished, stored, first, claimed)
+
+    def store_claimed(self, claim: Claim) -> list[WriteResult | StoreError]:
+        """The second half of write_group: the claimed group stored; an outcome per batch."""
+        batches = claim.batches
+        refused: dict[int, StoreError] = {}
+        fresh = sorted(claim.first.values())
+        if claim.claimed is not None:
+            group, storing = claim.claimed
+            try:
+                with self._client() as client:
                     refused_here, taken = self._store_group(client, group)
                     refused = {fresh[j]: error for j, error in refused_here.items()}
                     for winner in {commit for commit in taken.values() if commit is not None}:
                         self._finish(client, winner)  # its server may be gone: answer only once it is stored
-                    refused.update({fresh[j]: _ALREADY_CLAIMED for j in taken})
-                finally:
-                    with self._write_lock:
-                        for batch_id in group.batch_ids:
-                            del self._claimed[batch_id]
-                    storing.set()
+                refused.update({fresh[j]: _ALREADY_CLAIMED for j in taken})
+            except BaseException:
+                if self.sole_writer:  # a retry, or the sweep, finishes it
+                    self._left_unfinished[group.commit] = frozenset(group.batch_ids)
+                raise
+            finally:
+                with self._write_lock:
+                    for batch_id in group.batch_ids:
+                        del self._claimed[batch_id]
+                storing.set()
         outcomes: list[WriteResult | StoreError] = []
         for i, batch in enumerate(batches):
             if refused.get(i) is _ALREADY_CLAIMED:
                 outcomes.append(WriteResult(duplicate=True, rows=batch.rows()))
             elif i in refused:
                 outcomes.append(refused[i])
-            elif batch.batch_id in stored:
-                outcome = _as_stored(batch, *stored[batch.batch_id])
-                if isinstance(outcome, WriteResult) and batch.batch_id in finished:
-                    outcome = WriteResult(duplicate=False, rows=outcome.rows)  # its group was finished just now
-                outcomes.append(outcome)
-            elif first[batch.batch_id] != i:  # the same batch twice in one group
-                earlier = batches[first[batch.batch_id]]
-                outcomes.append(refused.get(first[batch.batch_id]) or _as_stored(batch, earlier.digest, earlier.rows()))
-            else:
-                outcomes.append(WriteResult(duplicate=False, rows=batch.rows()))
+            elif batch.batch_id in claim.stored or claim.first[batch.batch_id] == i:
+                outcomes.append(claim.settled(i) or WriteResult(duplicate=False, rows=batch.rows()))
+            else:  # the same batch twice in one group
+                earlier = batches[claim.first[batch.batch_id]]
+                outcomes.append(
+                    refused.get(claim.first[batch.batch_id]) or _as_stored(batch, earlier.digest, earlier.rows())
+                )
         return outcomes
 
     def _claim(

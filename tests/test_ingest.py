@@ -294,3 +294,33 @@ def test_a_group_holds_at_most_commit_rows_rows_and_the_rest_waits_for_the_next(
     assert sorted(id for ids in groups for id in ids) == sorted(answered)
     assert max(len(ids) for ids in groups) == 2 and len(groups) >= 3
     assert counts(store)["samples"] == 600
+
+
+def test_a_writer_is_answered_once_its_batch_is_claimed_when_storing_takes_longer(store: Store) -> None:
+    """Answers within 0 s: a writer of 200,000 samples is answered once its group is claimed (in
+    ingest_pending, so stored once whatever fails), before its rows are in; `on_stored` comes once
+    they are. A batch that describes a run is answered only once it is stored."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.groupcommit import GroupCommit
+    from ingest.validate import validate_batch
+
+    big = validate_batch(request(telemetry("early", n=50_000)).batch, DEFAULT_LIMITS, T0)
+    described = validate_batch(
+        request(telemetry("described", n=50_000, t0=T0 + 3600 * 10**9).add_run("run-a", host="host-a", start=T0)).batch,
+        DEFAULT_LIMITS,
+        T0,
+    )
+    commit = GroupCommit(store, CommitPolicy(interval_s=0, answer_within_s=0))
+    seen_when_stored: list[int] = []
+    try:
+        answer = commit.write(big, T0, on_stored=lambda: seen_when_stored.append(counts(store)["samples"]))
+        assert (answer.duplicate, answer.rows["samples"]) == (False, 200_000)
+        assert commit.answered_early == 1
+        claimed = store.query("SELECT count() AS n FROM {db}.ingest_pending WHERE has(batch_ids, 'early')")
+        assert claimed.column("n")[0].as_py() == 1, "answered once claimed"
+        commit.write(described, T0)
+        assert commit.answered_early == 1, "a run's description is answered once stored"
+        assert counts(store)["samples"] == 400_000
+    finally:
+        commit.close()
+    assert seen_when_stored == [200_000], "the bytes held for the write are let go once its rows are in"

@@ -438,3 +438,27 @@ def test_writers_sending_through_a_kill_and_a_restart_lose_nothing_and_store_not
     assert len(sender.acknowledged) == len(sender.sent), "every batch sent was acknowledged: 0 lost"
     assert sender.attempts > len(sender.sent), "the kill met writes in flight"
     assert stored == expected(sender.sent), "0 lost, 0 duplicated"
+
+
+def test_writers_answered_before_a_crash_find_their_batches_stored_once_as_soon_as_serve_is_back(
+    tmp_path: Path,
+) -> None:
+    """Answers within 0 ms: writers are answered once their group is claimed; serve dies storing it, and
+    the writers never send again. serve started again on the folder finishes the group it left before it
+    serves (the embedded store has no other writer), not a sweep period later."""
+    warm = warm_up(tmp_path)
+    listen = closed_port()
+    batches = group_of_writers(tmp_path.name)
+    one_group = ("--commit-interval-ms", "60000", "--commit-rows", str(sum(b.samples + b.events for b in batches)))
+    with writer(listen) as sender:
+        options = (*one_group, "--ack-within-ms", "0")
+        with serve(*options, home=tmp_path, listen=listen, env={CRASH_AT: "tables"}) as (process, _, lines):
+            assert sender.deliver(warm, patience=30), "".join(lines)
+            join(sender.lanes([lambda b=b: sender.send_once(b) for b in batches]))
+            assert process.wait(timeout=30) == -signal.SIGKILL, "serve died at its crash point:\n" + "".join(lines)
+        assert len(sender.acknowledged) == 1 + len(batches), "answered before the rows were in"
+        with serve(home=tmp_path, listen=listen) as (_, address, _):
+            wanted = {**expected(sender.sent), "unfinished": 0}
+            with contextlib.suppress(AssertionError):  # not a sweep period (30 s) later
+                wait_until(lambda: swept(address) == wanted, 15, "finished", every=0.5)
+            assert swept(address) == wanted

@@ -20,7 +20,7 @@ from agent.shipping.spool import EncodedBatch, Spool
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, FIRST_CALLS, Admission, Overloaded
-from ingest.store import Store, StoreError, WriteResult
+from ingest.store import Claim, Store
 from ingest.validate import ValidatedBatch
 from tests.helpers import Clock, counts, telemetry
 from tests.test_agent import config, sample_count
@@ -43,10 +43,10 @@ class HeldStore(Store):
     entered: threading.Event
     release: threading.Event
 
-    def write_group(self, batches: Sequence[ValidatedBatch], received_ns: int) -> list[WriteResult | StoreError]:
+    def claim_group(self, batches: Sequence[ValidatedBatch], received_ns: int) -> Claim:
         self.entered.set()
         self.release.wait(60)
-        return super().write_group(batches, received_ns)
+        return super().claim_group(batches, received_ns)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import numpy as np
 
 from agent.runs.children import stop_process
 from ingest.admission import DEFAULT_TARGET_MS
+from ingest.commitpolicy import DEFAULT_ANSWER_WITHIN_S, DEFAULT_MAX_ROWS
 from tracehouse.bench.common import _listening, _stamp, serving, start_serve
 from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
@@ -135,6 +136,8 @@ def bench_fleet(
     channels: int = 32,
     max_pending_bytes: int = 256 << 20,
     ack_target_ms: int = DEFAULT_TARGET_MS,
+    ack_within_ms: int = round(DEFAULT_ANSWER_WITHIN_S * 1000),
+    commit_rows: int = DEFAULT_MAX_ROWS,
     kill_at: float | None = None,
     restart_after: float = 5.0,
     baseline_seconds: float = 5.0,
@@ -150,7 +153,9 @@ def bench_fleet(
     batches = FleetBatches(writers, gpus, round(interval * 1000))
     ceiling = _generator_ceiling(batches, channels, baseline_seconds)
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
-        serve = _Serve(folder, ("--max-pending-bytes", str(max_pending_bytes), "--ack-target-ms", str(ack_target_ms)))
+        options = {"--max-pending-bytes": max_pending_bytes, "--ack-target-ms": ack_target_ms,
+                   "--ack-within-ms": ack_within_ms, "--commit-rows": commit_rows}  # fmt: skip
+        serve = _Serve(folder, tuple(text for pair in options.items() for text in map(str, pair)))
         try:
             cpu: list[tuple[float, float]] = []  # (serve's, this process's) at the start and at `seconds`
             mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time()))  # noqa: E731
@@ -176,6 +181,8 @@ def bench_fleet(
         "seconds": seconds,
         "channels": channels,
         "ack_target_ms": ack_target_ms,
+        "ack_within_ms": ack_within_ms,
+        "commit_rows": commit_rows,
         "values_per_batch": batches.templates[0].rows,
         "bytes_per_batch": len(batches.templates[0].payload),
         "kill_at_s": kill_at,

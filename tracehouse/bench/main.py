@@ -55,7 +55,8 @@ def _main(args: argparse.Namespace) -> int:
         try:
             result = bench_fleet(
                 args.writers, args.gpus, args.interval or 2.0, args.seconds, channels=args.channels,
-                max_pending_bytes=args.max_pending_bytes, ack_target_ms=args.ack_target_ms, kill_at=args.kill_at,
+                max_pending_bytes=args.max_pending_bytes, ack_target_ms=args.ack_target_ms,
+                ack_within_ms=args.ack_within_ms, commit_rows=args.commit_rows, kill_at=args.kill_at,
             )  # fmt: skip
         except ValueError as refused:
             print(f"tracehouse: {refused}", file=sys.stderr)

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
-from tracehouse.cli.options import _ack_target_ms, _positive, _seconds, _size, _size_text
+from ingest.commitpolicy import DEFAULT_ANSWER_WITHIN_S, DEFAULT_MAX_ROWS
+from tracehouse.cli.options import _ack_target_ms, _ack_within_ms, _positive, _seconds, _size, _size_text
 
 
 def _add_bench(commands: Any) -> None:
@@ -73,6 +74,14 @@ def _add_bench(commands: Any) -> None:
     load.add_argument(
         "--ack-target-ms", type=_ack_target_ms, default=DEFAULT_TARGET_MS, metavar="MS",
         help="--writers: the server's --ack-target-ms (default %(default)s)",
+    )  # fmt: skip
+    load.add_argument(
+        "--ack-within-ms", type=_ack_within_ms, default=round(DEFAULT_ANSWER_WITHIN_S * 1000), metavar="MS",
+        help="--writers: the server's --ack-within-ms (default %(default)s)",
+    )  # fmt: skip
+    load.add_argument(
+        "--commit-rows", type=_positive, default=DEFAULT_MAX_ROWS, metavar="ROWS",
+        help="--writers: the server's --commit-rows (default %(default)s)",
     )  # fmt: skip
     verdict = sub.add_parser("verdict", help="how often verdict is right on runs with a known change, beside baselines")
     verdict.add_argument("--trials", type=_positive, default=200, help="seeded trials per case (default %(default)s)")

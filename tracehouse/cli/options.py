@@ -132,6 +132,7 @@ def _milliseconds(low: int, high: int) -> Callable[[str], int]:
 
 _commit_interval_ms = _milliseconds(0, 60_000)
 _ack_target_ms = _milliseconds(10, 600_000)
+_ack_within_ms = _milliseconds(0, 600_000)
 
 
 def _port(text: str) -> int:
