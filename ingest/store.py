@@ -488,6 +488,7 @@ class Store:
                     self._insert(client, table, data, group.token(table))
             except BatchRefused as error:
                 if len(group.batch_ids) == 1:
+                    log.error("batch %s is not stored: %s", group.batch_ids[0], error)
                     refused[0] = error
                     continue
                 for i, part in enumerate(group.slices(table)):  # which batch: each on its own
@@ -495,6 +496,7 @@ class Store:
                         try:
                             self._insert(client, table, part, f"{group.token(table)}/{i}")
                         except BatchRefused as alone:
+                            log.error("batch %s is not stored: %s", group.batch_ids[i], alone)
                             refused[i] = alone
             if table == "samples":
                 kept = group.without(set(refused) | set(taken), table) if refused or taken else data
