@@ -8,11 +8,11 @@ from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
-THREAD = "cityHash64(host, scope, pid, tid)"  # a range's thread, in its scope, as one key
-LEVEL = "cityHash64(kind, style, depth)"  # a range's level on its thread, as one key
+_THREAD = "cityHash64(host, scope, pid, tid)"  # a range's thread, in its scope, as one key
+_LEVEL = "cityHash64(kind, style, depth)"  # a range's level on its thread, as one key
 
 
-def gpu_key(host: str, gpu: str) -> str:
+def _gpu_key(host: str, gpu: str) -> str:
     """A GPU (host and index) as one key; the host's hash comes from its dictionary, not each row."""
     return f"cityHash64(cityHash64({host}), {gpu})"
 
@@ -44,8 +44,8 @@ def _levels_join(left: str, time: str, ranges: str = "ranges") -> str:
     columns."""
     return f"""
 (SELECT *, cityHash64(thread, level) AS lane FROM ({left})
- ARRAY JOIN (SELECT groupUniqArray({LEVEL}) FROM {ranges}) AS level) AS w
-ASOF INNER JOIN (SELECT range_id, rs, re, cityHash64({THREAD}, {LEVEL}) AS lane FROM {ranges}) AS r
+ ARRAY JOIN (SELECT groupUniqArray({_LEVEL}) FROM {ranges}) AS level) AS w
+ASOF INNER JOIN (SELECT range_id, rs, re, cityHash64({_THREAD}, {_LEVEL}) AS lane FROM {ranges}) AS r
     ON w.lane = r.lane AND w.{time} >= r.rs"""
 
 
@@ -162,15 +162,15 @@ host_gpus AS MATERIALIZED (
     WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {lo} AND ts < {hi}
 ),
 instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
-    SELECT r.range_id AS range_id, {gpu_key("g.host", "g.gpu")} AS key, r.rs AS rs, r.re AS re
+    SELECT r.range_id AS range_id, {_gpu_key("g.host", "g.gpu")} AS key, r.rs AS rs, r.re AS re
     FROM ranges AS r INNER JOIN process_gpus AS g ON g.host = r.host AND g.scope = r.scope AND g.pid = r.pid
     UNION ALL
-    SELECT r.range_id, {gpu_key("g.host", "g.gpu")}, r.rs, r.re
+    SELECT r.range_id, {_gpu_key("g.host", "g.gpu")}, r.rs, r.re
     FROM ranges AS r INNER JOIN host_gpus AS g ON g.host = r.host
     WHERE (r.host, r.scope, r.pid) NOT IN (SELECT host, scope, pid FROM process_gpus)
 ),
 stream AS (  -- the work's intervals, and the instances' borders as rows of their own (border = 1)
-    SELECT {gpu_key("host", "gpu")} AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
+    SELECT {_gpu_key("host", "gpu")} AS key, {NS}(start) AS t, {NS}(end) AS e, 0 AS border, 0 AS sign,
            0 AS range_id FROM {{db}}.events
     WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {in_ranges} AND e > t AND {met}
     UNION ALL
@@ -208,14 +208,14 @@ segments AS (  -- every border time starts a segment; cover 0: no range covers i
 inside AS (
     SELECT key, cover,
            {per_segment}
-    FROM (SELECT {gpu_key("host", "gpu")} AS key, multiIf({numbered} -1) AS m, {NS}(ts) AS t, value FROM {{db}}.samples
+    FROM (SELECT {_gpu_key("host", "gpu")} AS key, multiIf({numbered} -1) AS m, {NS}(ts) AS t, value FROM {{db}}.samples
           WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
             AND ts >= {lo} AND ts < {hi}) AS w
     ASOF INNER JOIN segments AS g ON g.key = w.key AND w.t >= g.s
     WHERE cover != 0
     GROUP BY key, cover
 ),
-gpus AS (SELECT DISTINCT host, gpu, {gpu_key("host", "gpu")} AS key FROM host_gpus),
+gpus AS (SELECT DISTINCT host, gpu, {_gpu_key("host", "gpu")} AS key FROM host_gpus),
 named AS (
     SELECT name, key, sum({counted}) AS samples,
        {telemetry}
