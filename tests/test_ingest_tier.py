@@ -349,10 +349,15 @@ def crashed_then_restarted(
     one try) and the address."""
     listen = closed_port()
     batches = group_of_writers(home.name)
-    # the group is stored once all four batches wait, whatever the load makes of their timing
+    # the group is stored once all four batches wait, whatever the load makes of their timing; its
+    # writers are answered only once it is stored (answered at the claim: the test after this one)
     one_group = ("--commit-interval-ms", "60000", "--commit-rows", str(sum(b.samples + b.events for b in batches)))
     with writer(listen) as sender:
-        with serve(*one_group, home=home, listen=listen, env={CRASH_AT: point}) as (process, _, lines):
+        with serve(*one_group, "--ack-within-ms", "600000", home=home, listen=listen, env={CRASH_AT: point}) as (
+            process,
+            _,
+            lines,
+        ):
             assert sender.deliver(warm, patience=30), "".join(lines)
             assert sender.acknowledged[warm.batch_id].duplicate
             if retry:
