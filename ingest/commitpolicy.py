@@ -8,22 +8,22 @@ from dataclasses import dataclass
 
 DEFAULT_INTERVAL_S = 0.2
 DEFAULT_MAX_ROWS = 1_000_000  # below the engine's max_insert_block_size: one block, one part per insert
-DEFAULT_ANSWER_WITHIN_S = 0.5
 
 
 @dataclass(frozen=True)
 class CommitPolicy:
     """When a group is stored: `interval_s` after the one before, or once `max_rows` rows wait; and
-    when a writer is answered at the latest, once its group is claimed: `answer_within_s`."""
+    when a writer is answered at the latest, once its group is claimed: `answer_within_s` (None: only
+    once stored)."""
 
     interval_s: float = DEFAULT_INTERVAL_S
     max_rows: int = DEFAULT_MAX_ROWS
-    answer_within_s: float = DEFAULT_ANSWER_WITHIN_S
+    answer_within_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.interval_s <= 60:
             raise ValueError(f"commit interval: {self.interval_s * 1000:g} ms is not within 0..60000 ms")
-        if not 0 <= self.answer_within_s <= 600:
+        if self.answer_within_s is not None and not 0 <= self.answer_within_s <= 600:
             raise ValueError(f"ack within: {self.answer_within_s * 1000:g} ms is not within 0..600000 ms")
         if self.max_rows <= 0:
             raise ValueError(f"commit rows: {self.max_rows} is not above 0")

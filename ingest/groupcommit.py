@@ -87,7 +87,7 @@ class GroupCommit:
             self._waiting.append(waiting)
             self._rows += waiting.rows
             self._changed.notify()
-        if waiting.may_answer_early:
+        if waiting.may_answer_early and self.answer_within_s is not None:
             waiting.stored.wait(self.answer_within_s)
             waiting.claimed.wait()
         else:

@@ -349,11 +349,10 @@ def crashed_then_restarted(
     one try) and the address."""
     listen = closed_port()
     batches = group_of_writers(home.name)
-    # the group is stored once all four batches wait, whatever the load makes of their timing; its
-    # writers are answered only once it is stored (answered at the claim: the test after this one)
+    # the group is stored once all four batches wait, whatever the load makes of their timing
     one_group = ("--commit-interval-ms", "60000", "--commit-rows", str(sum(b.samples + b.events for b in batches)))
     with writer(listen) as sender:
-        with serve(*one_group, "--ack-within-ms", "600000", home=home, listen=listen, env={CRASH_AT: point}) as (
+        with serve(*one_group, home=home, listen=listen, env={CRASH_AT: point}) as (
             process,
             _,
             lines,

@@ -19,7 +19,7 @@ import numpy as np
 
 from agent.runs.children import stop_process
 from ingest.admission import DEFAULT_TARGET_MS
-from ingest.commitpolicy import DEFAULT_ANSWER_WITHIN_S, DEFAULT_MAX_ROWS
+from ingest.commitpolicy import DEFAULT_MAX_ROWS
 from tracehouse.bench.common import _listening, _stamp, serving, start_serve
 from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
@@ -136,7 +136,7 @@ def bench_fleet(
     channels: int = 32,
     max_pending_bytes: int = 256 << 20,
     ack_target_ms: int = DEFAULT_TARGET_MS,
-    ack_within_ms: int = round(DEFAULT_ANSWER_WITHIN_S * 1000),
+    ack_within_ms: int | None = None,
     commit_rows: int = DEFAULT_MAX_ROWS,
     kill_at: float | None = None,
     restart_after: float = 5.0,
@@ -154,7 +154,9 @@ def bench_fleet(
     ceiling = _generator_ceiling(batches, channels, baseline_seconds)
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
         options = {"--max-pending-bytes": max_pending_bytes, "--ack-target-ms": ack_target_ms,
-                   "--ack-within-ms": ack_within_ms, "--commit-rows": commit_rows}  # fmt: skip
+                   "--commit-rows": commit_rows}  # fmt: skip
+        if ack_within_ms is not None:
+            options["--ack-within-ms"] = ack_within_ms
         serve = _Serve(folder, tuple(text for pair in options.items() for text in map(str, pair)))
         try:
             cpu: list[tuple[float, float]] = []  # (serve's, this process's) at the start and at `seconds`

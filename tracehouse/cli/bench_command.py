@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
-from ingest.commitpolicy import DEFAULT_ANSWER_WITHIN_S, DEFAULT_MAX_ROWS
+from ingest.commitpolicy import DEFAULT_MAX_ROWS
 from tracehouse.cli.options import _ack_target_ms, _ack_within_ms, _positive, _seconds, _size, _size_text
 
 
@@ -76,8 +76,8 @@ def _add_bench(commands: Any) -> None:
         help="--writers: the server's --ack-target-ms (default %(default)s)",
     )  # fmt: skip
     load.add_argument(
-        "--ack-within-ms", type=_ack_within_ms, default=round(DEFAULT_ANSWER_WITHIN_S * 1000), metavar="MS",
-        help="--writers: the server's --ack-within-ms (default %(default)s)",
+        "--ack-within-ms", type=_ack_within_ms, default=None, metavar="MS",
+        help="--writers: the server's --ack-within-ms (default: none, answered once stored)",
     )  # fmt: skip
     load.add_argument(
         "--commit-rows", type=_positive, default=DEFAULT_MAX_ROWS, metavar="ROWS",

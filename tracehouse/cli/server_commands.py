@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
-from ingest.commitpolicy import DEFAULT_ANSWER_WITHIN_S, DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
+from ingest.commitpolicy import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
 from tracehouse import __version__, config
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
@@ -122,11 +122,11 @@ def _add_serve(commands: Any) -> None:
         parser.add_argument(
             "--ack-within-ms",
             type=_ack_within_ms,
-            default=round(DEFAULT_ANSWER_WITHIN_S * 1000),
+            default=None,
             metavar="MS",
             help="answer a writer within MS milliseconds once its batch is claimed (stored once, whatever "
             "fails), even if the tables take longer; batches that describe runs wait until stored "
-            "(default %(default)s)",
+            "(default: answered once stored)",
         )
         parser.add_argument(
             "--commit-rows",
@@ -213,7 +213,11 @@ def run_serve(args: argparse.Namespace) -> int:
             ack_target_ms=args.ack_target_ms,
             security=security,
             layout=layout,
-            commit=CommitPolicy(args.commit_interval_ms / 1000, args.commit_rows, args.ack_within_ms / 1000),
+            commit=CommitPolicy(
+                args.commit_interval_ms / 1000,
+                args.commit_rows,
+                None if args.ack_within_ms is None else args.ack_within_ms / 1000,
+            ),
         )
     except SecurityError as error:
         print(f"tracehouse: {error}", file=sys.stderr)
