@@ -108,7 +108,7 @@ def _add_serve(commands: Any) -> None:
             type=_ack_target_ms,
             default=DEFAULT_TARGET_MS,
             metavar="MS",
-            help="take no more writes at once than the store answers within MS milliseconds at its recent "
+            help="take no more writes at once than the store stores within MS milliseconds at its recent "
             "pace; past it writers are told to retry later (default %(default)s)",
         )
         parser.add_argument(
