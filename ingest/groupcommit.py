@@ -39,10 +39,13 @@ class _Waiting:
     wanted: Callable[[], bool]  # False once the writer gave up (its call was cancelled or timed out)
     rows: int
     on_stored: Callable[[], None]
-    may_answer_early: bool
     stored: threading.Event = field(default_factory=threading.Event)
     claimed: threading.Event = field(default_factory=threading.Event)  # set with `stored` too
     outcome: WriteResult | Exception | None = None
+
+    @property
+    def may_answer_early(self) -> bool:
+        return self.batch.runs is None  # a run's description is read by what its writer sends next
 
     def settle(self, outcome: WriteResult | Exception) -> None:
         self.outcome = outcome
@@ -80,7 +83,7 @@ class GroupCommit:
         from now. Batches that describe runs wait until stored: what a writer sends after them may
         read them. `on_stored` is called once the batch is stored, or refused, in any case."""
         rows = sum(batch.rows().values())
-        waiting = _Waiting(batch, received_ns, wanted, rows, on_stored, batch.runs is None)
+        waiting = _Waiting(batch, received_ns, wanted, rows, on_stored)
         with self._changed:
             if self._closing:
                 raise StoreUnavailable("the server is stopping: retry on another, or once it is back")

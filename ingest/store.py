@@ -567,8 +567,6 @@ class Store:
 
     def _unfinished(self, client: Client, batch_ids: list[str]) -> list[int]:
         """The unfinished groups that hold any of `batch_ids`."""
-        with self._done_lock:
-            done = set(self._done)  # finished here, not yet marked
         if self.sole_writer:
             wanted = set(batch_ids)
             return [commit for commit, held in list(self._left_unfinished.items()) if held & wanted]
@@ -578,6 +576,8 @@ class Store:
             "GROUP BY commit HAVING max(done) = 0",
             parameters={"ids": batch_ids},
         ).result_rows
+        with self._done_lock:
+            done = set(self._done)  # finished here, not yet marked
         return [int(row[0]) for row in found if int(row[0]) not in done]
 
     def _unfinished_groups(self) -> dict[int, frozenset[str]]:
