@@ -16,19 +16,12 @@ offer, not what the store can do. Until writes have finished lately, at most FIR
 
 A write is always admitted when nothing else is in flight, so a batch larger than the
 bound still goes through, alone.
-
-Refusing a write costs the server almost what taking it does (the call, its bytes, a thread), so a
-fleet that offers more than the store takes is paced rather than refused over and over: once writes
-have been turned away lately, every writer answered, stored or refused, is given its turn (`pause_ms`,
-the retry hint) in one even schedule of the writes to come, a tenth faster than the recent pace. The
-writers' next calls then arrive about as fast as writes are stored, spread out, and few are refused.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,8 +35,6 @@ DEFAULT_TARGET_MS = 3_000  # a third of an agent's call timeout: the slowest wri
 FIRST_CALLS = 256  # writes taken at once while the pace is unknown
 PACE_WINDOW_S = 3.0  # writes finished this long ago or less set the pace
 FIRST_WRITE_MS = 100  # what a write is taken to last while the pace is unknown
-PACED_FOR_S = 10.0  # writers are paced this long after one was turned away
-PACE_PROBE = 1.1  # paced writers' turns come a tenth faster than the recent pace; the bounds refuse the rest
 MIN_RETRY_MS = 20
 MAX_RETRY_MS = 10_000
 
@@ -114,9 +105,8 @@ class Admission:
         self._finished: collections.deque[tuple[float, int, float]] = collections.deque()  # (when, bytes, took)
         self._finished_bytes = 0  # their sums
         self._finished_took = 0.0
-        self._turned_away_at = -math.inf  # when a write was last
+        self._turned_away: collections.deque[float] = collections.deque()  # when
         self._first_finished = 0.0
-        self._next_turn = 0.0  # the end of the schedule of writers' turns (pause_ms)
 
     @contextlib.contextmanager
     def admit(self, size: int, deadline_s: float | None = None) -> Iterator[Admitted]:
@@ -138,7 +128,7 @@ class Admission:
                     or (wait_ms is not None and wait_ms > target_ms)
                 ):
                     self._refused += 1
-                    retry_ms = self._retry_ms(size, pace, now)
+                    retry_ms = self._retry_ms(size, pace, now, target_ms)
                     raise Overloaded(
                         f"{BEHIND}: {self._bytes} bytes of {self._calls} writes wait to be stored"
                         + (f", about {wait_ms / 1000:.1f} s of work" if wait_ms is not None else "")
@@ -187,33 +177,18 @@ class Admission:
     def _mean_took_ms(self) -> float:
         return self._finished_took / max(1, len(self._finished)) * 1000
 
-    def _retry_ms(self, size: int, pace: float | None, now: float) -> int:
-        """The writer's turn in the schedule of writes to come (`_turn_ms`); while the pace is
-        unknown, as long as a write is taken to last at first, times how far over the bounds."""
-        self._turned_away_at = now
-        if pace is None:
+    def _retry_ms(self, size: int, pace: float | None, now: float, target_ms: float) -> int:
+        """The time until this write would fit at the recent pace, stretched by how many writers were
+        turned away lately per write finished (so that they come back spread out, not all at once)."""
+        self._turned_away.append(now)
+        while self._turned_away[0] < now - PACE_WINDOW_S:
+            self._turned_away.popleft()
+        if pace is None:  # as long as a write is taken to last at first, times how far over the bounds
             over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / min(self.max_calls, FIRST_CALLS))
             return int(min(MAX_RETRY_MS, FIRST_WRITE_MS * over))
-        return max(MIN_RETRY_MS, self._turn_ms(size, pace, now))
-
-    def pause_ms(self, size: int) -> int:
-        """How long a writer just answered waits before its next write of about `size` bytes: 0
-        unless writes were turned away lately; else its turn in the schedule of writes to come."""
-        with self._lock:
-            now = self._clock()
-            pace = self._pace(now)
-            if pace is None or self._turned_away_at < now - PACED_FOR_S:
-                return 0
-            return self._turn_ms(size, pace, now)
-
-    def _turn_ms(self, size: int, pace: float, now: float) -> int:
-        """The next turn: `size` bytes after the one before at a tenth over the recent pace (so that
-        a pace held down by the writers' own pauses still rises to the store's), and no sooner than
-        what is in flight takes to shrink to half the target; at most MAX_RETRY_MS from now."""
-        rate = pace * PACE_PROBE
-        drained = now + max(0.0, self._bytes / pace - self.target_ms / 2000)
-        self._next_turn = min(max(self._next_turn, drained) + size / rate, now + MAX_RETRY_MS / 1000)
-        return round((self._next_turn - now) * 1000)
+        room_ms = max(MIN_RETRY_MS, (self._bytes + size) / pace * 1000 - target_ms / 2)
+        crowd = 1 + len(self._turned_away) / max(1, len(self._finished))
+        return int(min(MAX_RETRY_MS, room_ms * crowd))
 
     def counts(self) -> AdmissionCounts:
         with self._lock:

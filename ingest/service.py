@@ -35,9 +35,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
 
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
         grant = CALLER.get()
-        size = len(encoded) or request.ByteSize()
         try:
-            with self.admission.admit(size, context.time_remaining()) as admitted:
+            with self.admission.admit(len(encoded) or request.ByteSize(), context.time_remaining()) as admitted:
                 received = now_ns()
                 as_sent = b"" if has_unknown_fields(request) else encoded  # else hashed without them
                 batch = validate_batch(request.batch, self.store.limits, received, as_sent, grant.namespace)
@@ -49,9 +48,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         except OutOfBounds as refused:
             log.info("refused a write from %s: %s is outside its token's bounds", context.peer(), refused.field)
             raise
-        return ingest_pb2.WriteResponse(
-            duplicate=result.duplicate, pause_ms=self.admission.pause_ms(size), **result.rows
-        )
+        return ingest_pb2.WriteResponse(duplicate=result.duplicate, **result.rows)
 
     def _write(
         self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool], admitted: Admitted

@@ -4,10 +4,8 @@ with RESOURCE_EXHAUSTED and a retry hint; writers wait and spool, and nothing is
 from __future__ import annotations
 
 import contextlib
-import itertools
 import queue
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,14 +19,7 @@ from agent.shipping.shipper import UNHINTED_PUSHBACK_S, Outcome, Shipper, classi
 from agent.shipping.spool import EncodedBatch, Spool
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
-from ingest.admission import (
-    DEFAULT_MAX_PENDING_BYTES,
-    DEFAULT_TARGET_MS,
-    FIRST_CALLS,
-    PACED_FOR_S,
-    Admission,
-    Overloaded,
-)
+from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, FIRST_CALLS, Admission, Overloaded
 from ingest.store import Claim, Store
 from ingest.validate import ValidatedBatch
 from tests.helpers import Clock, counts, telemetry
@@ -177,22 +168,6 @@ def test_admission_takes_a_first_few_writes_until_it_knows_the_pace() -> None:
             in_flight.enter_context(admission.admit(0))
 
 
-def test_admission_paces_writers_in_one_even_schedule_once_some_were_turned_away() -> None:
-    clock = Clock()
-    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
-    _finish(admission, clock, 0.6, 1_000, 1_000)  # 2,000 bytes a second, each write over half the target
-    assert admission.pause_ms(900) == 0, "no writer was turned away: no pause"
-    with admission.admit(1_000):
-        with pytest.raises(Overloaded) as refused, admission.admit(1_500):  # 1.25 s of work: refused
-            pass
-        # turns a tenth over the pace (2,200 bytes a second), each its writer's bytes after the one before
-        assert refused.value.retry_ms == 682  # 1,500 bytes
-        assert [admission.pause_ms(1_100) for _ in range(3)] == [1_182, 1_682, 2_182]
-    clock.now += PACED_FOR_S
-    _finish(admission, clock, 0.6, 1_000)  # the pace known again
-    assert admission.pause_ms(900) == 0, "none turned away for a while: no pause"
-
-
 def test_server_refuses_with_a_pushback_hint_and_writes_nothing_of_it(tight: Server, held: HeldStore) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{tight.port}") as channel:
         write = encoded_write(channel)
@@ -208,9 +183,8 @@ def test_server_refuses_with_a_pushback_hint_and_writes_nothing_of_it(tight: Ser
         assert counts(held)["ingest_batches"] == 0 and counts(held)["samples"] == 0, "nothing half-written"
         held.release.set()
         assert first.result().samples == 400
-        assert first.result().pause_ms > 0, "a writer was turned away: the others are paced"
         answer = write(refused_batch, timeout=30)
-    assert (answer.duplicate, answer.samples) == (False, 400) and answer.pause_ms > 0
+    assert (answer.duplicate, answer.samples) == (False, 400)
     assert counts(held)["samples"] == 800 and counts(held)["ingest_batches"] == 2
 
 
@@ -274,11 +248,9 @@ class FakeIngest:
     """An Ingest server that answers each Write with the next status it was given
     (code, pushback trailer or None), then stores nothing and says OK."""
 
-    def __init__(self, answers: list[tuple[grpc.StatusCode, str | None]], pause_ms: int = 0) -> None:
+    def __init__(self, answers: list[tuple[grpc.StatusCode, str | None]]) -> None:
         self.answers = list(answers)
-        self.pause_ms = pause_ms  # asked of every writer answered OK
         self.received: list[str] = []
-        self.received_at: list[float] = []
         self.calls = 0
         self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
         handler = grpc.unary_unary_rpc_method_handler(
@@ -298,8 +270,7 @@ class FakeIngest:
                 context.set_trailing_metadata(((PUSHBACK_KEY, trailer),))
             context.abort(code, "told to refuse")
         self.received.append(ingest_pb2.WriteRequest.FromString(data).batch.batch_id)
-        self.received_at.append(time.monotonic())
-        return ingest_pb2.WriteResponse(pause_ms=self.pause_ms)
+        return ingest_pb2.WriteResponse()
 
 
 @pytest.fixture
@@ -309,30 +280,18 @@ def fake(request: pytest.FixtureRequest) -> Iterator[FakeIngest]:
     running.server.stop(0)
 
 
-@pytest.fixture
-def pacing() -> Iterator[FakeIngest]:
-    """A server that stores every write and asks each writer to wait 300 ms before its next."""
-    running = FakeIngest([], pause_ms=300)
-    yield running
-    running.server.stop(0)
-
-
-def _gaps(fake: FakeIngest) -> list[float]:
-    return [later - earlier for earlier, later in itertools.pairwise(fake.received_at)]
-
-
 def _batches(count: int) -> list[EncodedBatch]:
     return [EncodedBatch(f"b{i}", encode_request(telemetry(f"b{i}", n=10).build()), 40) for i in range(count)]
 
 
-def _shipper(port: int, tmp_path: Path, fates: dict[str, list[str]], max_backoff: float = 0.2) -> Shipper:
+def _shipper(port: int, tmp_path: Path, fates: dict[str, list[str]]) -> Shipper:
     spool = Spool(tmp_path / "spool", 1 << 20, on_drop=lambda batch_id, _: fates["dropped"].append(batch_id))
     return Shipper(
         f"127.0.0.1:{port}",
         spool,
         on_stored=lambda batch_id, _: fates["stored"].append(batch_id),
         on_dropped=lambda batch_id, _: fates["dropped"].append(batch_id),
-        max_backoff=max_backoff,
+        max_backoff=0.2,
     )
 
 
@@ -346,19 +305,6 @@ def test_the_shipper_waits_as_asked_and_keeps_the_order(fake: FakeIngest, tmp_pa
     assert fates == {"stored": [f"b{i}" for i in range(5)], "dropped": []}
     assert fake.received == fates["stored"] and fake.calls == 8
     assert shipper.busy_answers == 3 and shipper.spooled_batches > 0 and shipper.spool.batches == 0
-
-
-def test_the_shipper_waits_as_long_as_a_paced_answer_asks(pacing: FakeIngest, tmp_path: Path) -> None:
-    fates: dict[str, list[str]] = {"stored": [], "dropped": []}
-    shipper = _shipper(pacing.port, tmp_path, fates, max_backoff=30.0)  # an agent's: 0.2 would cut the pause
-    for batch in _batches(3):
-        shipper.submit(batch)
-    deadline = time.monotonic() + 30
-    while len(fates["stored"]) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    shipper.shutdown(timeout=30)
-    assert fates == {"stored": ["b0", "b1", "b2"], "dropped": []} and pacing.calls == 3
-    assert all(gap >= 0.3 for gap in _gaps(pacing)), _gaps(pacing)
 
 
 @pytest.mark.parametrize(
@@ -400,17 +346,6 @@ def _write_one(fake: FakeIngest) -> None:
 def test_the_import_writer_waits_as_asked(fake: FakeIngest) -> None:
     _write_one(fake)
     assert fake.received == ["w0"] and fake.calls == 3
-
-
-def test_the_import_writer_waits_as_long_as_a_paced_answer_asks(pacing: FakeIngest) -> None:
-    writer = BatchWriter(f"127.0.0.1:{pacing.port}", concurrency=1)
-    try:
-        for name in ("w0", "w1", "w2"):
-            writer.write(telemetry(name, n=10).build())
-        writer.flush()
-    finally:
-        writer.close()
-    assert pacing.received == ["w0", "w1", "w2"] and all(gap >= 0.3 for gap in _gaps(pacing)), _gaps(pacing)
 
 
 @pytest.mark.parametrize("fake", [[(grpc.StatusCode.RESOURCE_EXHAUSTED, None)]], indirect=True)

@@ -175,7 +175,7 @@ class Shipper:
             else:
                 self._lost(detail)
             return True
-        self._found(pause)
+        self._found()
         if spooled:
             self.spool.remove(batch.batch_id)
         else:
@@ -195,13 +195,13 @@ class Shipper:
         return True
 
     def _send(self, batch: EncodedBatch) -> tuple[Outcome, str, float, bool]:
-        """The outcome, what the server said, the pause it asked for before the next write in
-        seconds, and (STORED) whether the server had stored the batch before."""
+        """The outcome, what the server said, (BUSY) the pause it asked for in seconds, and
+        (STORED) whether the server had stored the batch before."""
         started = time.perf_counter()
         outcome, detail, pause, duplicate = Outcome.STORED, "", 0.0, False
         try:
             answer = self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
-            duplicate, pause = bool(answer.duplicate), answer.pause_ms / 1000
+            duplicate = bool(answer.duplicate)
         except grpc.RpcError as error:
             detail = f"{error.code().name}: {error.details()}"
             outcome, pause = classify(error, len(batch.payload))
@@ -230,15 +230,14 @@ class Shipper:
             self._busy = True
         self._backoff = min(self._max_backoff, max(0.01, pause)) * random.uniform(1.0, 1.5)
 
-    def _found(self, pause: float) -> None:
-        """A batch is through: the next goes out once the pause the server asked for is over."""
+    def _found(self) -> None:
         if not self._connected:
             log.warning("server %s is back: replaying %d spooled batches", self.server, self.spool.batches)
             self._connected = True
         if self._busy:
             log.debug("server %s caught up: replaying %d spooled batches", self.server, self.spool.batches)
             self._busy = False
-        self._backoff = min(self._max_backoff, pause) * random.uniform(1.0, 1.5) if pause else 0.0
+        self._backoff = 0.0
 
     def shutdown(self, timeout: float) -> None:
         """Stop the worker, then ship what is pending until `timeout` runs out; what is

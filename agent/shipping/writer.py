@@ -73,8 +73,6 @@ class BatchWriter:
         while True:
             try:
                 answer: ingest_pb2.WriteResponse = self._write(request, timeout=60, metadata=self._metadata)
-                if answer.pause_ms:  # the server paces its writers: this slot's next write waits
-                    time.sleep(answer.pause_ms / 1000 * random.uniform(1.0, 1.5))
                 return answer
             except grpc.RpcError as error:
                 code = error.code()

@@ -1,8 +1,8 @@
 """Replays a fleet's batches (tracehouse/bench/payloads.py) over many gRPC channels from one asyncio loop,
 as agents' shippers send them: one batch in flight per writer, in order, each sent again as the same
 bytes after RESOURCE_EXHAUSTED (as long as the server's hint asks), UNAVAILABLE or a deadline, since the
-server stores a batch written twice once; and the next one no sooner than the server asked (pause_ms).
-And `sink`: a server that takes writes and drops them, for the generator's own ceiling."""
+server stores a batch written twice once. And `sink`: a server that takes writes and drops them, for the
+generator's own ceiling."""
 
 from __future__ import annotations
 
@@ -88,7 +88,6 @@ class _Replayer:
         self.base_ns, self.paced = base_ns, paced
         self.result = Replay()
         self.t0 = 0.0
-        self.next_write: dict[int, float] = {}  # by writer: not before, as the server asked
 
     def now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
@@ -119,7 +118,7 @@ class _Replayer:
             due = self.batches.due_s(writer, k) if self.paced else self.now()
             if due >= self.seconds:
                 return
-            await asyncio.sleep(max(due, self.next_write.pop(writer, 0.0)) - self.now())
+            await asyncio.sleep(due - self.now())
             delivery = Delivery(writer, k, self.batches.values(writer, k), due)
             self.result.deliveries.append(delivery)
             await self._deliver(write, self.batches.payload(self.base_ns, writer, k), delivery)
@@ -152,9 +151,6 @@ class _Replayer:
                 backoff = min(MAX_BACKOFF_S, 2 * backoff)
                 continue
             delivery.acked_s, delivery.duplicate = self.now(), answer.duplicate
-            if answer.pause_ms:
-                pause_s = answer.pause_ms / 1000 * (1 + 0.5 * random.random())
-                self.next_write[delivery.writer] = delivery.acked_s + pause_s
             return
 
 

@@ -13,17 +13,15 @@ class WriteRequest(_message.Message):
     def __init__(self, batch: _Optional[_Union[_batch_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class WriteResponse(_message.Message):
-    __slots__ = ("duplicate", "samples", "events", "runs", "devices", "pause_ms")
+    __slots__ = ("duplicate", "samples", "events", "runs", "devices")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
-    PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     samples: int
     events: int
     runs: int
     devices: int
-    pause_ms: int
-    def __init__(self, duplicate: _Optional[bool] = ..., samples: _Optional[int] = ..., events: _Optional[int] = ..., runs: _Optional[int] = ..., devices: _Optional[int] = ..., pause_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, duplicate: _Optional[bool] = ..., samples: _Optional[int] = ..., events: _Optional[int] = ..., runs: _Optional[int] = ..., devices: _Optional[int] = ...) -> None: ...
