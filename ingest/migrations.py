@@ -181,6 +181,33 @@ INGEST_PENDING = Table(
     settings="enable_block_number_column = 1",
 )
 
+CAPTURES = Table(
+    "captures",
+    """
+    request_id String,
+    run_id String,
+    record LowCardinality(String) COMMENT 'request: what a person asked; report: what a process of the run did',
+    at DateTime64(9, 'UTC'),
+    requested_by String COMMENT 'request: the caller (peer, and its token''s bounds)',
+    reason String COMMENT 'request: why it was asked; report: why it failed',
+    first_step Int64 COMMENT 'request: the step to start at (-1: the next); report: the first captured',
+    last_step Int64 COMMENT 'report: the last step captured; -1: none',
+    steps UInt32 COMMENT 'request: steps to capture; 0: those starting within seconds',
+    seconds Float64,
+    ranks Array(UInt32) COMMENT 'request: the ranks asked; empty: all',
+    session String COMMENT 'report: the process (STARTHEX.PID)',
+    rank Int32,
+    host String,
+    state LowCardinality(String) COMMENT 'report: taken, capturing, imported or failed',
+    trace_bytes UInt64,
+    events UInt64 COMMENT 'report: rows of the profile imported into the run'
+""",
+    "MergeTree",
+    order_by="(run_id, request_id, at)",
+    comment="captures on demand: each request and what the run's processes reported of it",
+    shard_key="cityHash64(run_id)",
+)
+
 # Rollups of `samples` (tracehouse.model.ROLLUP_SECONDS). min/max/sum/count rather than avg, so
 # that any coarser bucket made of them has an exact average.
 
@@ -337,13 +364,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(10, "captures on demand: requests and their outcomes", (CAPTURES,)),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
 
-TABLES_BY_NAME = {table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING)} | {
-    name: table for name, (table, _) in ROLLUPS.items()
-}
+TABLES_BY_NAME = {
+    table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING, CAPTURES)
+} | {name: table for name, (table, _) in ROLLUPS.items()}
 # what `--retention NAME=DURATION` may name, and the tables each name stands for
 RETENTION_NAMES = {"samples": ("samples",), "events": ("events",), "rollups": tuple(ROLLUP_SECONDS)} | {
     name: (name,) for name in ROLLUP_SECONDS

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ingest.admission import Admission, Admitted, Overloaded
+from ingest.capture_service import CaptureBoard
 from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
 from ingest.groupcommit import GroupCommit
 from ingest.store import Store, WriteResult
@@ -25,8 +26,15 @@ STORED_HOSTS_KEPT = 100_000  # runs whose host this process remembers
 class IngestService(ingest_pb2_grpc.IngestServicer):
     wants_encoded_request = ("Write",)  # hashing the bytes as sent beats encoding them again
 
-    def __init__(self, store: Store, commit: GroupCommit, admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        commit: GroupCommit,
+        admission: Admission | None = None,
+        captures: CaptureBoard | None = None,
+    ) -> None:
         self.store = store
+        self.captures = captures
         self.commit = commit
         self.admission = admission or Admission()
         self.run_locks = RunLocks()
@@ -48,7 +56,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         except OutOfBounds as refused:
             log.info("refused a write from %s: %s is outside its token's bounds", context.peer(), refused.field)
             raise
-        return ingest_pb2.WriteResponse(duplicate=result.duplicate, **result.rows)
+        waiting = self.captures is not None and self.captures.waiting(request.batch.run_id)
+        return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, **result.rows)
 
     def _write(
         self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool], admitted: Admitted

@@ -663,6 +663,12 @@ class Store:
         with self._client(failure=StoreError) as client:
             client.command(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
 
+    def append(self, table: str, data: pa.Table) -> None:
+        """Insert a few rows of one of tracehouse's small tables (captures) as they are."""
+        self.ensure_ready()
+        with self._client(failure=StoreError) as client:
+            client.insert_arrow(f"{self.db}.{table}", data)
+
     def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
         """Run a user's SQL: one query that only reads tracehouse's tables, within the limits.
 

@@ -19,7 +19,7 @@ from tracehouse.channel import ClientSecurity, explain, open_channel
 from tracehouse.config import default_server
 from tracehouse.model import LANE_COLUMNS
 from tracehouse.timefmt import parse_time
-from tracehouse.v1 import query_pb2, query_pb2_grpc
+from tracehouse.v1 import capture_pb2, capture_pb2_grpc, query_pb2, query_pb2_grpc
 
 TimeLike = int | str | dt.datetime | pd.Timestamp
 EVENT_TIME_COLUMNS = ("start", "end", "launch_start")
@@ -119,6 +119,7 @@ class Client:
         self._metadata = security.metadata() if security else ()
         self._channel = open_channel(self.server, security, [("grpc.max_receive_message_length", 256 << 20)])
         self._stub = query_pb2_grpc.QueryStub(self._channel)
+        self._captures = capture_pb2_grpc.CaptureStub(self._channel)
 
     def __enter__(self) -> Client:
         return self
@@ -129,9 +130,9 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, stub: Any = None) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
+            return getattr(stub or self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             code = error.code()
             raise QueryFailed(code, explain(code, error.details() or "", self.server, self.security)) from None
@@ -354,6 +355,93 @@ class Client:
         frame = to_frame(table)
         frame.attrs["truncated"] = truncated
         return frame
+
+    # -- captures on demand (the Capture service) ----------------------------------------------
+
+    def capture(
+        self, run: str, steps: int = 0, seconds: float = 0.0, ranks: Sequence[int] = (), reason: str = ""
+    ) -> dict[str, Any]:
+        """Ask the processes of a running training run (its id or name) to profile `steps` steps (default
+        10), or the steps that begin within `seconds`, into the run; returns the request (`capture_list`'s
+        shape). Needs a token that may write the run."""
+        request = capture_pb2.CaptureRequest(run_id=run, steps=steps, seconds=seconds, ranks=ranks, reason=reason)
+        return _capture_dict(self._call("Request", request, self._captures))
+
+    def capture_list(self, run: str = "", limit: int = 0) -> list[dict[str, Any]]:
+        """The latest capture requests (of one run, by id), newest first, each with its state (asked,
+        under way, done, expired) and per process its outcome; times in ns, sizes in bytes."""
+        answer = self._call("List", capture_pb2.CaptureListRequest(run_id=run, limit=limit), self._captures)
+        return [_capture_dict(state) for state in answer.captures]
+
+    def capture_state(self, request_id: str, run: str) -> dict[str, Any]:
+        found = [c for c in self.capture_list(run, 10_000) if c["request_id"] == request_id]
+        if not found:
+            raise QueryFailed(grpc.StatusCode.NOT_FOUND, f"no capture {request_id!r} of run {run!r}")
+        return found[0]
+
+
+def _capture_dict(state: capture_pb2.CaptureState) -> dict[str, Any]:
+    return {
+        "request_id": state.request_id, "run_id": state.run_id, "requested_ns": state.requested_ns,
+        "requested_by": state.requested_by, "reason": state.reason, "first_step": state.first_step,
+        "steps": state.steps, "seconds": state.seconds, "ranks": list(state.ranks), "state": state.state,
+        "outcomes": [
+            {"session": o.session, "rank": o.rank, "host": o.host, "state": o.state, "at_ns": o.at_ns,
+             "first_step": o.first_step, "last_step": o.last_step, "trace_bytes": o.trace_bytes,
+             "events": o.events, "reason": o.reason}
+            for o in state.outcomes
+        ],
+    }  # fmt: skip
+
+
+def captures_frame(captures: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Capture requests (Client.capture_list) as one row per request and process that reported (one
+    for a request no process took yet): what was asked, and each outcome; exact ns and bytes."""
+    rows = []
+    for c in captures:
+        asked = {
+            "request_id": c["request_id"],
+            "run_id": c["run_id"],
+            "requested_ns": c["requested_ns"],
+            "requested_by": c["requested_by"],
+            "state": c["state"],
+            "asked": _asked(c),
+            "reason": c["reason"],
+        }
+        for o in c["outcomes"] or [None]:
+            rows.append(
+                {
+                    **asked,
+                    "rank": None if o is None else o["rank"],
+                    "host": "" if o is None else o["host"],
+                    "outcome": "" if o is None else o["state"],
+                    "steps": "" if o is None else _captured(o),
+                    "trace_bytes": None if o is None else o["trace_bytes"],
+                    "events": None if o is None else o["events"],
+                    "why": "" if o is None else o["reason"],
+                }
+            )
+    frame = pd.DataFrame(rows, columns=[
+        "request_id", "run_id", "requested_ns", "requested_by", "state", "asked", "reason", "rank", "host", "outcome",
+        "steps", "trace_bytes", "events", "why",
+    ])  # fmt: skip
+    for column in ("rank", "trace_bytes", "events"):
+        frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def _asked(capture: Mapping[str, Any]) -> str:
+    what = f"{capture['steps']} steps" if capture["steps"] else f"{capture['seconds']:g} s"
+    start = f" from step {capture['first_step']}" if capture["first_step"] >= 0 else " from the next step"
+    ranks = f", ranks {','.join(map(str, capture['ranks']))}" if capture["ranks"] else ""
+    return what + start + ranks
+
+
+def _captured(outcome: Mapping[str, Any]) -> str:
+    first, last = outcome["first_step"], outcome["last_step"]
+    if first < 0:
+        return ""
+    return f"{first}" if last < 0 else f"{first} to {last}"
 
 
 def _events_frame(answer: query_pb2.EventsResponse) -> pd.DataFrame:

@@ -291,3 +291,29 @@ def test_strings_from_outside_are_shown_as_text(
     app = open_app(address, monkeypatch, "timeline", run=hostile)
     warning = texts(app.warning)
     assert "\\[link\\]\\(javascript" in warning and "\\<img" in warning  # markdown shows it as written
+
+
+def test_timeline_asks_a_running_process_for_a_capture_and_shows_what_came_of_it(
+    address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_capture import Loop, steps_stored, wait_for
+
+    loop = Loop(address, tmp_path, "ui-capture")
+    try:
+        wait_for(lambda: steps_stored(client, loop.run_id))
+        app = open_app(address, monkeypatch, "timeline", run=loop.run_id)
+        [ask_button] = [b for b in app.button if b.label == "Capture the next 10 steps"]
+        ask_button.click().run()
+        assert not app.exception and "Asked (`cap-" in texts(app.success), texts(app.error)
+        [asked] = client.capture_list(loop.run_id)
+        wait_for(lambda: client.capture_state(asked["request_id"], loop.run_id)["state"] == "done")
+        st.cache_data.clear()
+        app.run()
+        [table] = app.dataframe
+        row = shown(table).iloc[0]
+        assert row["outcome"] == "imported" and row["steps"] == f"{asked['first_step']} to {asked['first_step'] + 9}"
+    finally:
+        loop.stop()
+    st.cache_data.clear()
+    app.run()
+    assert "has ended" in texts(app.caption) and not [b for b in app.button if b.label.startswith("Capture")]

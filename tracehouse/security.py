@@ -48,6 +48,8 @@ NEEDED_BY_PREFIX = (
     (HEALTH_PREFIX, frozenset[str]()),
     ("/tracehouse.v1.Ingest/", frozenset({WRITE})),
     ("/tracehouse.v1.Query/", frozenset({READ})),
+    ("/tracehouse.v1.Capture/List", frozenset({READ})),
+    ("/tracehouse.v1.Capture/", frozenset({WRITE})),  # asking for a profile writes into the run
     ("/grpc.reflection.", frozenset({READ})),
 )
 

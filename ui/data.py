@@ -55,26 +55,39 @@ def ask(method: str, *args: Any, **options: Any) -> Any:
     return answer
 
 
+def act(method: str, *args: Any, **options: Any) -> tuple[Any, str]:
+    """attempt() for a call that changes something (a capture request): never cached."""
+    try:
+        return getattr(_client(default_server()), method)(*args, **options), ""
+    except (SecurityError, QueryFailed) as error:
+        return None, _why(error)
+
+
 def attempt(method: str, *args: Any, **options: Any) -> tuple[Any, str]:
     """A Client method's answer and "", or None and why not (in markdown), for a part of a page
     that the rest can do without. The Client's methods by name ("runs", "compare", "diff",
     "verdict", ...); the answers cached for ANSWER_TTL_S."""
-    address = default_server()
     try:
-        return _answer(address, method, args, tuple(sorted(options.items()))), ""
-    except SecurityError as error:
-        return None, f"The UI's credentials cannot be used: {plain(str(error), 2000)}"
-    except QueryFailed as failure:
-        if failure.code in UNREACHABLE:
-            run = command()
-            return None, (
-                f"Cannot reach the tracehouse server at {plain(address)}: {plain(failure.message, 2000)}\n\n"
-                f"Start everything with `{run} up`, or the server alone with `{run} serve`; "
-                f"to use another server, run `{run} ui --server HOST:PORT`."
-            )
-        if failure.code in REFUSED:
-            return None, f"Refused: {plain(failure.message, 2000)}"
-        return None, f"The server could not answer: {plain(failure.message, 2000)}"
+        return _answer(default_server(), method, args, tuple(sorted(options.items()))), ""
+    except (SecurityError, QueryFailed) as error:
+        return None, _why(error)
+
+
+def _why(error: Exception) -> str:
+    address = default_server()
+    if isinstance(error, SecurityError):
+        return f"The UI's credentials cannot be used: {plain(str(error), 2000)}"
+    assert isinstance(error, QueryFailed)
+    if error.code in UNREACHABLE:
+        run = command()
+        return (
+            f"Cannot reach the tracehouse server at {plain(address)}: {plain(error.message, 2000)}\n\n"
+            f"Start everything with `{run} up`, or the server alone with `{run} serve`; "
+            f"to use another server, run `{run} ui --server HOST:PORT`."
+        )
+    if error.code in REFUSED:
+        return f"Refused: {plain(error.message, 2000)}"
+    return f"The server could not answer: {plain(error.message, 2000)}"
 
 
 def stop_if_empty() -> None:

@@ -112,6 +112,7 @@ class Shipper:
         self._busy = False  # the server asked for a pause and has not stored a batch since
         self._busy_said = -BEHIND_LOG_S
         self.on_write: Callable[[float, Outcome], None] | None = None
+        self.on_capture_waiting: Callable[[], None] | None = None  # a write's answer said a capture is asked
         self.busy_answers = 0  # RESOURCE_EXHAUSTED answers with a retry hint
         self.spooled_batches = 0  # batches that went to the spool rather than straight out
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
@@ -130,6 +131,15 @@ class Shipper:
         while self._queue:
             self.spool.put(self._queue.popleft())
             self.spooled_batches += 1
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel the batches go over, for the few other calls a writer makes (Capture)."""
+        return self._channel
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self._metadata)
 
     @property
     def connected(self) -> bool:
@@ -202,6 +212,8 @@ class Shipper:
         try:
             answer = self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
             duplicate = bool(answer.duplicate)
+            if answer.capture_waiting and self.on_capture_waiting is not None:
+                self.on_capture_waiting()
         except grpc.RpcError as error:
             detail = f"{error.code().name}: {error.details()}"
             outcome, pause = classify(error, len(batch.payload))

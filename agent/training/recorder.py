@@ -12,10 +12,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.training.capture import Capture, Capturer, Profiler
 from agent.training.current_run import _forget, _started
 from agent.training.phases import _Phase, _StepEnd
 from agent.training.records import (
@@ -64,7 +65,8 @@ class Run(_RunWorker):
     where torch is imported and CUDA available); enabled: False records nothing (say, on all
     ranks but one); flush_interval: seconds a batch stays open; end_timeout: seconds the end
     tries to ship what is pending; spool_max_bytes: bound on the run's spool (the oldest
-    batches go first, counted)."""
+    batches go first, counted); capture_profiler: makes the profiler of a capture asked with
+    `tracehouse capture` (default: torch.profiler; see agent/training/capture.py)."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Run(_RunWorker):
         flush_interval: float = FLUSH_INTERVAL_S,
         end_timeout: float = END_TIMEOUT_S,
         spool_max_bytes: int = 1 << 30,
+        capture_profiler: Callable[[], Profiler] | None = None,
     ) -> None:
         self.name = str(name)
         self.tags = _clean_map(tags, "tag")
@@ -114,6 +117,9 @@ class Run(_RunWorker):
         self._nvtx: Any = None  # torch.cuda.nvtx when NVTX ranges are emitted
         self._counts = {"steps": 0, "phases": 0, "scalars": 0, "invalid": 0, "stored_batches": 0, "dropped_batches": 0}
         self._worker: threading.Thread | None = None
+        self._capture: Capture | None = None  # a capture armed or under way (agent/training/capture.py)
+        self._capturer: Capturer | None = None
+        self._capture_profiler = capture_profiler
         if enabled:
             try:
                 self._start(nvtx)
@@ -141,6 +147,9 @@ class Run(_RunWorker):
                     self.dropped += 1
                 if self._nvtx is not None:
                     self._nvtx_step(i)
+                capture = self._capture
+                if capture is not None:
+                    self._capturer.step(capture, i)  # type: ignore[union-attr]
             except Exception as error:
                 self._failed(error)
         return self._step_end
@@ -176,6 +185,9 @@ class Run(_RunWorker):
                     self.dropped += 1
                 if self._nvtx is not None:
                     self._nvtx_step(None)
+                capture = self._capture
+                if capture is not None:
+                    self._capturer.step_ended(capture)  # type: ignore[union-attr]
             except Exception as error:
                 self._failed(error)
 
@@ -232,6 +244,8 @@ class Run(_RunWorker):
         self._columns = _EventColumns()
         self._open_steps: dict[int, tuple[int, Any]] = {}  # per thread: start and number of its step
         self._step_starts: dict[Any, int] = {}
+        self._capturer = Capturer(self, self._capture_profiler)
+        self.shipper.on_capture_waiting = self._capturer.asked.set
         self._describe(None)
         self.batcher.flush()  # the run is on the server (or in the spool) from its first moment
         self._columns.add("process", self.started_ns, self.started_ns, _process_name(), tid=0)
@@ -298,6 +312,11 @@ class Run(_RunWorker):
         if self._nvtx is not None:
             with contextlib.suppress(Exception):
                 self._nvtx_step(None)
+        if self._capturer is not None:
+            try:
+                self._capturer.finish()
+            except Exception as error:
+                log.warning("tracehouse: run %s: its capture did not finish: %s", self.run_id, error)
         self._stop.set()
         self._worker.join(self._end_timeout + CALL_TIMEOUT_S + 1)
         if self._worker.is_alive():

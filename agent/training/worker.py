@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from agent.shipping.batcher import Batcher
     from agent.shipping.shipper import Shipper
     from agent.shipping.spool import Spool
+    from agent.training.capture import Capturer
     from tracehouse.channel import ClientSecurity
 
 
@@ -65,6 +66,7 @@ class _RunWorker:
     _columns: _EventColumns
     _open_steps: dict[int, tuple[int, Any]]
     _step_starts: dict[Any, int]
+    _capturer: Capturer | None
 
     def _describe(self, end: int | None) -> None:
         attrs = dict(self._attrs)
@@ -88,6 +90,8 @@ class _RunWorker:
         try:
             while not self._stop.wait(DRAIN_INTERVAL_S):
                 self._drain()
+                if self._capturer is not None and self._capturer.asked.is_set():
+                    self._capturer.poll()
                 if self.batcher.due():
                     self._flush()
         except Exception:

@@ -20,6 +20,7 @@ from tracehouse.cli.agent_commands import (
     run_import,
 )
 from tracehouse.cli.bench_command import _add_bench
+from tracehouse.cli.capture_command import _add_capture, run_capture, run_captures
 from tracehouse.cli.export_command import _add_export, run_export
 from tracehouse.cli.options import with_time_values
 from tracehouse.cli.query_command import _add_query, run_query
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_import(commands)
     _add_demo_train(commands)
+    _add_capture(commands)
     _add_query(commands)
     _add_verdict(commands)
     _add_export(commands)
@@ -96,6 +98,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_demo_train(args)
     if args.command == "run":
         return run_run(args)
+    if args.command == "capture":
+        return run_capture(args)
+    if args.command == "captures":
+        return run_captures(args)
     if args.command == "bench":
         from tracehouse.bench import main as bench
 

@@ -24,6 +24,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, Admission, Overloaded
+from ingest.capture_service import CaptureBoard, CaptureService
+from ingest.captures import CaptureRefused
 from ingest.commitpolicy import CommitPolicy
 from ingest.grants import OutOfBounds
 from ingest.groupcommit import GroupCommit
@@ -44,7 +46,7 @@ from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
 from tracehouse.pushback import TRANSPORT_MAX_BYTES
 from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure, is_loopback
-from tracehouse.v1 import ingest_pb2, query_pb2
+from tracehouse.v1 import capture_pb2, ingest_pb2, query_pb2
 
 log = logging.getLogger("tracehouse.serve")
 
@@ -53,6 +55,7 @@ log = logging.getLogger("tracehouse.serve")
 DEFAULT_WORKERS = 1024
 INGEST = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
 QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]
+CAPTURE = capture_pb2.DESCRIPTOR.services_by_name["Capture"]
 # gRPC refuses messages over TRANSPORT_MAX_BYTES itself (RESOURCE_EXHAUSTED) before our code
 # sees them; below it, a request over its limit gets INVALID_ARGUMENT from us, naming the limit.
 SQL_REJECTION_CODES = {
@@ -86,6 +89,8 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, RunNotFound):
         return grpc.StatusCode.NOT_FOUND, str(error)
+    if isinstance(error, CaptureRefused):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(error)
     if isinstance(error, OutOfBounds):
         return grpc.StatusCode.PERMISSION_DENIED, str(error)
     if isinstance(error, BatchConflict):
@@ -156,10 +161,11 @@ class Server:
     local_address: str | None = None  # `unix:PATH`, plain text, when ServerSecurity.local_socket
     local_folder: Path | None = None  # the socket's private folder, removed at stop
     commit: GroupCommit | None = None
+    captures: CaptureBoard | None = None
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in ("", INGEST.full_name, QUERY.full_name):
+        for service in ("", INGEST.full_name, QUERY.full_name, CAPTURE.full_name):
             self.health.set(service, status)
 
     def stop(self, grace: float) -> None:
@@ -168,6 +174,8 @@ class Server:
         self.grpc_server.stop(grace).wait()
         if self.commit is not None:
             self.commit.close()
+        if self.captures is not None:
+            self.captures.close()
         if self.local_folder is not None:
             shutil.rmtree(self.local_folder, ignore_errors=True)
 
@@ -198,12 +206,14 @@ def create_server(
     )
     admission = Admission(max_pending_bytes, max(1, workers * 3 // 4), ack_target_ms)
     group_commit = GroupCommit(store, commit)
-    add_service(server, INGEST, IngestService(store, group_commit, admission), limits.max_batch_bytes)
+    captures = CaptureBoard(store)
+    add_service(server, INGEST, IngestService(store, group_commit, admission, captures), limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
+    add_service(server, CAPTURE, CaptureService(store, captures), limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (INGEST.full_name, QUERY.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (INGEST.full_name, QUERY.full_name, CAPTURE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
         if security.tls is not None:
@@ -224,7 +234,8 @@ def create_server(
             group_commit.close()
             raise OSError(f"cannot listen on {local_address}: {error}") from error
     server.start()
-    running = Server(server, port, health_servicer, local_address, local_folder, group_commit)
+    captures.start()
+    running = Server(server, port, health_servicer, local_address, local_folder, group_commit, captures)
     running.set_serving(True)
     store.on_health(running.set_serving)
     return running

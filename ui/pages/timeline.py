@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures
+from ui.capture import capture_panel
 from ui.controls import show, stamp, window_sidebar, zoom_buttons
 from ui.data import ask, stop_if_empty, trace_file
 from ui.view import selected
@@ -88,3 +89,5 @@ for column, (fmt, (what, suffix, mime)) in zip(st.columns([1, 1.2, 3])[:2], TRAC
         key=f"trace-{fmt}",
         help="GPU work, CUDA API calls, NVTX ranges and telemetry of the window shown",
     )
+if view.run:
+    capture_panel(view.run, ask("runs"))

@@ -1,0 +1,314 @@
+"""The gRPC Capture service, and the board of open requests a server keeps in memory: a write's
+answer says whether its run has one (WriteResponse.capture_waiting) without touching the store,
+and Poll answers from it. The board reads the store again every second, so that the servers of
+one store (a stateless tier) learn of each other's requests."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from ingest.captures import (
+    CaptureRefused,
+    Report,
+    Request,
+    check_report,
+    check_request,
+    start_step,
+)
+from ingest.grants import OutOfBounds
+from ingest.store import Store
+from ingest.storeerrors import StoreError
+from query.window import QueryError, RunNotFound
+from tracehouse.scopes import CALLER, Grant
+from tracehouse.timefmt import now_ns
+from tracehouse.v1 import capture_pb2, capture_pb2_grpc
+
+log = logging.getLogger("tracehouse.capture")
+REFRESH_S = 1.0
+KEPT_NS = 2 * 3600 * 1_000_000_000  # the board reads back this far: past every open request's end
+RECENT_STEPS = 21  # the latest steps the start step is planned from
+
+SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("run_id", pa.string()),
+        ("record", pa.string()),
+        ("at", pa.timestamp("ns", tz="UTC")),
+        ("requested_by", pa.string()),
+        ("reason", pa.string()),
+        ("first_step", pa.int64()),
+        ("last_step", pa.int64()),
+        ("steps", pa.uint32()),
+        ("seconds", pa.float64()),
+        ("ranks", pa.list_(pa.uint32())),
+        ("session", pa.string()),
+        ("rank", pa.int32()),
+        ("host", pa.string()),
+        ("state", pa.string()),
+        ("trace_bytes", pa.uint64()),
+        ("events", pa.uint64()),
+    ]
+)
+_COLUMNS = ", ".join("toUnixTimestamp64Nano(at)" if name == "at" else name for name in SCHEMA.names)
+
+
+def _row(**values: Any) -> pa.Table:
+    defaults: dict[str, Any] = {"requested_by": "", "reason": "", "first_step": -1, "last_step": -1, "steps": 0,
+                                "seconds": 0.0, "ranks": [], "session": "", "rank": 0, "host": "", "state": "",
+                                "trace_bytes": 0, "events": 0}  # fmt: skip
+    row = {**defaults, **values}
+    return pa.table({name: [row[name]] for name in SCHEMA.names}, schema=SCHEMA)
+
+
+def _requests(rows: pa.Table) -> dict[str, Request]:
+    """Requests and their reports from rows of `captures` (in _COLUMNS order)."""
+    requests: dict[str, Request] = {}
+    reports: list[tuple[str, Report]] = []
+    for values in rows.to_pylist():
+        (request_id, run_id, record, at, requested_by, reason, first, last, steps, seconds, ranks,
+         session, rank, host, state, trace_bytes, events) = values.values()  # fmt: skip
+        if record == "request":
+            requests[request_id] = Request(request_id, run_id, at, requested_by, reason, first, steps, seconds,
+                                           tuple(ranks))  # fmt: skip
+        else:
+            reports.append(
+                (request_id, Report(session, rank, host, state, at, first, last, trace_bytes, events, reason))
+            )
+    for request_id, report in reports:
+        if request_id in requests:
+            requests[request_id].reports.append(report)
+    return requests
+
+
+class CaptureBoard:
+    """The requests of the last two hours; `waiting(run_id)` is a set lookup."""
+
+    def __init__(self, store: Store, refresh_s: float = REFRESH_S) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._requests: dict[str, Request] = {}
+        self._open_runs: frozenset[str] = frozenset()
+        self._stop = threading.Event()
+        self._refresh_s = refresh_s
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._refreshing, name="capture-board", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def waiting(self, run_id: str) -> bool:
+        return run_id in self._open_runs
+
+    def _refreshing(self) -> None:
+        while not self._stop.wait(self._refresh_s):
+            try:
+                self.refresh()
+            except StoreError as error:
+                log.debug("capture board not refreshed: %s", error)
+
+    def refresh(self) -> None:
+        rows = self.store.query(
+            f"SELECT {_COLUMNS} FROM {{db}}.captures WHERE at > fromUnixTimestamp64Nano({{since:Int64}}) ORDER BY at",
+            {"since": now_ns() - KEPT_NS},
+        )
+        found = _requests(rows)
+        with self._lock:
+            self._requests = found
+            self._reopen()
+
+    def _reopen(self) -> None:
+        now = now_ns()
+        self._open_runs = frozenset(r.run_id for r in self._requests.values() if r.open(now))
+
+    def add(self, request: Request) -> None:
+        with self._lock:
+            self._requests[request.request_id] = request
+            self._reopen()
+
+    def add_report(self, request_id: str, report: Report) -> None:
+        with self._lock:
+            if request_id in self._requests:
+                self._requests[request_id].reports.append(report)
+            self._reopen()
+
+    def open_request(self, run_id: str) -> Request | None:
+        now = now_ns()
+        with self._lock:
+            return next((r for r in self._requests.values() if r.run_id == run_id and r.open(now)), None)
+
+    def orders(self, run_id: str, session: str, rank: int) -> list[Request]:
+        now = now_ns()
+        with self._lock:
+            return [r for r in self._requests.values() if r.run_id == run_id and r.order_for(session, rank, now)]
+
+    def get(self, request_id: str) -> Request | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+
+def caller(grant: Grant, context: Any) -> str:
+    """Who asked: the peer and, with tokens, what its token may write (never the token)."""
+    bounds = [f"{key}={','.join(values)}" for key, values in (("hosts", grant.hosts), ("runs", grant.runs)) if values]
+    return " ".join([str(context.peer()), *bounds])[:1024]
+
+
+def state_message(request: Request, now: int) -> capture_pb2.CaptureState:
+    outcomes = [
+        capture_pb2.CaptureOutcome(
+            session=r.session,
+            rank=r.rank,
+            host=r.host,
+            state=r.state,
+            at_ns=r.at_ns,
+            first_step=r.first_step,
+            last_step=r.last_step,
+            trace_bytes=r.trace_bytes,
+            events=r.events,
+            reason=r.reason,
+        )
+        for r in sorted(request.latest_by_session().values(), key=lambda r: (r.rank, r.session))
+    ]
+    return capture_pb2.CaptureState(
+        request_id=request.request_id, run_id=request.run_id, requested_ns=request.requested_ns,
+        requested_by=request.requested_by, reason=request.reason, first_step=request.first_step,
+        steps=request.steps, seconds=request.seconds, ranks=request.ranks, state=request.state(now),
+        outcomes=outcomes,
+    )  # fmt: skip
+
+
+class CaptureService(capture_pb2_grpc.CaptureServicer):
+    def __init__(self, store: Store, board: CaptureBoard) -> None:
+        self.store = store
+        self.board = board
+        self._asking = threading.Lock()  # one request at a time: two at once both saw none under way
+
+    def Request(self, request: capture_pb2.CaptureRequest, context: Any) -> capture_pb2.CaptureState:
+        grant = CALLER.get()
+        if not request.run_id or len(request.run_id) > 1024:
+            raise QueryError("run_id", "required: a run's id or name" if not request.run_id else "too long")
+        asked = check_request(request.steps, request.seconds, list(request.ranks), request.reason)
+        with self._asking:
+            run_id, host = self._capturable(request.run_id, grant)
+            now = now_ns()
+            first, typical = start_step(self._recent_steps(run_id, host), now)
+            steps = asked.steps
+            if asked.seconds and typical:
+                steps = max(1, math.ceil(asked.seconds * 1e9 / typical))
+            made = Request(f"cap-{now:x}-{secrets.token_hex(3)}", run_id, now, caller(grant, context), asked.reason,
+                           first, steps, asked.seconds, asked.ranks)  # fmt: skip
+            self.store.append("captures", _row(
+                request_id=made.request_id, run_id=run_id, record="request", at=now, requested_by=made.requested_by,
+                reason=made.reason, first_step=first, steps=steps, seconds=asked.seconds, ranks=list(asked.ranks),
+            ))  # fmt: skip
+            self.board.add(made)
+        log.info("capture %s of run %s asked by %s", made.request_id, run_id, made.requested_by)
+        return state_message(made, now)
+
+    def _capturable(self, run: str, grant: Grant) -> tuple[str, str]:
+        """The run (an id, else the name of one running run) and its host, once it is found to be a
+        running process of the training API with no capture under way."""
+        rows = self.store.query(
+            "SELECT run_id, source, host, end IS NULL AS running FROM {db}.runs FINAL "
+            "WHERE run_id = {run:String} OR name = {run:String} ORDER BY run_id = {run:String} DESC, start DESC "
+            "LIMIT 6",
+            {"run": run},
+        ).to_pylist()
+        if rows and rows[0]["run_id"] == run:
+            _run_id(run, grant)
+        elif rows:  # a name: the one running run of the training API so named that the token may write
+            rows = [
+                row for row in rows if row["running"] and row["source"] == "user" and grant.allows_run(row["run_id"])
+            ]
+            if len(rows) > 1:
+                shown = ", ".join(row["run_id"] for row in rows[:5])
+                raise QueryError("run_id", f"{len(rows)} running runs are named {run!r}: give the id of one ({shown})")
+        if not rows:
+            raise RunNotFound(f"run_id: no run {run!r} (`tracehouse query runs` lists them)")
+        run_id, source, host, running = rows[0].values()
+        if source != "user":
+            raise CaptureRefused(
+                f"run {run_id!r} is not instrumented: it came from {source}, and only a process recording "
+                "with tracehouse.run(...) can be asked for a profile"
+            )
+        if not running:
+            raise CaptureRefused(f"run {run_id!r} has ended: only a running process can be captured")
+        under_way = self.board.open_request(run_id)
+        if under_way is not None:
+            raise CaptureRefused(
+                f"capture {under_way.request_id} of run {run_id!r} is "
+                + ("under way" if under_way.state(now_ns()) == "under way" else "waiting for a process to take it")
+                + f": one capture at a time per run (`tracehouse captures --run {run_id}` shows it)"
+            )
+        return str(run_id), str(host)
+
+    def _recent_steps(self, run_id: str, host: str) -> list[tuple[int, int, int]]:
+        rows = self.store.query(
+            "SELECT toInt64OrDefault(extras['step'], toInt64(-1)) AS n, toUnixTimestamp64Nano(start), "
+            "toUnixTimestamp64Nano(end) FROM {db}.events WHERE host = {host:String} AND kind = 'step' "
+            "AND run_id = {run:String} AND n >= 0 ORDER BY start DESC LIMIT {limit:UInt32}",
+            {"host": host, "run": run_id, "limit": RECENT_STEPS},
+        )
+        return [tuple(row.values()) for row in rows.to_pylist()]
+
+    def Poll(self, request: capture_pb2.CapturePoll, context: Any) -> capture_pb2.CaptureOrders:
+        run_id = _run_id(request.run_id, CALLER.get())
+        return capture_pb2.CaptureOrders(
+            orders=[
+                capture_pb2.CaptureOrder(
+                    request_id=r.request_id, first_step=r.first_step, steps=r.steps, seconds=r.seconds
+                )
+                for r in self.board.orders(run_id, request.session, request.rank)
+            ]
+        )
+
+    def Report(self, request: capture_pb2.CaptureReport, context: Any) -> capture_pb2.CaptureReportResponse:
+        run_id = _run_id(request.run_id, CALLER.get())
+        check_report(request.state, request.session, request.first_step, request.last_step, request.reason)
+        known = self.board.get(request.request_id)
+        if known is None or known.run_id != run_id:
+            raise RunNotFound(f"request_id: no capture {request.request_id[:64]!r} of run {run_id!r}")
+        now = now_ns()
+        report = Report(request.session, request.rank, request.host[:256], request.state, now, request.first_step,
+                        request.last_step, request.trace_bytes, request.events, request.reason)  # fmt: skip
+        self.store.append("captures", _row(
+            request_id=request.request_id, run_id=run_id, record="report", at=now, reason=report.reason,
+            first_step=report.first_step, last_step=report.last_step, session=report.session, rank=report.rank,
+            host=report.host, state=report.state, trace_bytes=report.trace_bytes, events=report.events,
+        ))  # fmt: skip
+        self.board.add_report(request.request_id, report)
+        return capture_pb2.CaptureReportResponse()
+
+    def List(self, request: capture_pb2.CaptureListRequest, context: Any) -> capture_pb2.CaptureList:
+        limit = request.limit or 100
+        if limit > 10_000:
+            raise QueryError("limit", f"{limit}; at most 10000")
+        where = "run_id = {run:String} AND " if request.run_id else ""
+        rows = self.store.query(
+            f"SELECT {_COLUMNS} FROM {{db}}.captures WHERE request_id IN (SELECT request_id FROM {{db}}.captures "
+            f"WHERE {where}record = 'request' ORDER BY at DESC LIMIT {{limit:UInt32}}) ORDER BY at",
+            {"run": request.run_id, "limit": limit},
+        )
+        now = now_ns()
+        found = sorted(_requests(rows).values(), key=lambda r: r.requested_ns, reverse=True)
+        return capture_pb2.CaptureList(captures=[state_message(r, now) for r in found])
+
+
+def _run_id(run_id: str, grant: Grant) -> str:
+    if not run_id:
+        raise QueryError("run_id", "required")
+    if len(run_id) > 128:
+        raise QueryError("run_id", f"{len(run_id)} characters; at most 128")
+    if not grant.allows_run(run_id):
+        raise OutOfBounds("run_id", f"{run_id!r} is outside the runs this token may write")
+    return run_id

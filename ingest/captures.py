@@ -1,0 +1,152 @@
+"""Captures on demand: what a request asks (checked, with the step to start at), what state it is in
+given what the run's processes reported, and which orders a polling process gets. Pure: the
+Capture service (ingest/capture_service.py) reads and writes the store around these."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from query.window import QueryError
+
+DEFAULT_STEPS = 10
+MAX_STEPS = 1000
+MAX_SECONDS = 600.0
+MAX_RANKS = 4096
+MAX_TEXT = 1024
+# from the request until its processes hear of it (a write's answer, then Poll) and a step begins
+LEAD_NS = 3_000_000_000
+TAKE_WITHIN_NS = 60_000_000_000  # a process that has not taken a request by then never gets it
+FINISH_WITHIN_NS = 30 * 60_000_000_000  # a process silent this long after taking it is given up on
+REPORT_STATES = ("taken", "capturing", "imported", "failed")
+FINAL_STATES = ("imported", "failed")
+SESSION = re.compile(r"[0-9a-f]{1,24}\.[0-9]{1,10}")
+
+
+class CaptureRefused(Exception):
+    """The run cannot be captured now; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A request as checked: steps (0: those starting within `seconds`) and ranks (empty: all)."""
+
+    steps: int
+    seconds: float
+    ranks: tuple[int, ...]
+    reason: str
+
+
+def check_request(steps: int, seconds: float, ranks: Sequence[int], reason: str) -> Asked:
+    if steps and seconds:
+        raise QueryError("steps", "give steps or seconds, not both")
+    if steps > MAX_STEPS:
+        raise QueryError("steps", f"{steps} steps; at most {MAX_STEPS} a capture")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_SECONDS:
+        raise QueryError("seconds", f"{seconds}: from 0 to {MAX_SECONDS:g} s")
+    if len(ranks) > MAX_RANKS:
+        raise QueryError("ranks", f"{len(ranks)} ranks; at most {MAX_RANKS}")
+    if len(reason.encode()) > MAX_TEXT:
+        raise QueryError("reason", f"{len(reason.encode())} bytes; at most {MAX_TEXT}")
+    if not steps and not seconds:
+        steps = DEFAULT_STEPS
+    return Asked(steps, seconds, tuple(sorted(set(ranks))), reason)
+
+
+def start_step(steps_seen: Sequence[tuple[int, int, int]], now_ns: int) -> tuple[int, int]:
+    """The step every process of the run starts at, and a step's typical length (0: unknown),
+    from the run's latest recorded steps (number, start, end): the step that should begin
+    LEAD_NS from now, so that each process hears of the request first. -1: the next step each
+    process begins (no steps recorded yet)."""
+    if not steps_seen:
+        return -1, 0
+    lengths = sorted(end - start for _, start, end in steps_seen if end > start)
+    typical = lengths[len(lengths) // 2] if lengths else 0
+    latest, _, latest_end = max(steps_seen, key=lambda seen: (seen[0], seen[2]))
+    if typical <= 0:
+        return latest + 2, 0
+    ahead = max(0, now_ns + LEAD_NS - latest_end)
+    return latest + 1 + max(1, math.ceil(ahead / typical)), typical
+
+
+@dataclass
+class Report:
+    session: str
+    rank: int
+    host: str
+    state: str
+    at_ns: int
+    first_step: int = -1
+    last_step: int = -1
+    trace_bytes: int = 0
+    events: int = 0
+    reason: str = ""
+
+
+@dataclass
+class Request:
+    request_id: str
+    run_id: str
+    requested_ns: int
+    requested_by: str
+    reason: str
+    first_step: int
+    steps: int
+    seconds: float
+    ranks: tuple[int, ...]
+    reports: list[Report] = field(default_factory=list)
+
+    def latest_by_session(self) -> dict[str, Report]:
+        latest: dict[str, Report] = {}
+        for report in sorted(self.reports, key=lambda r: (r.state in FINAL_STATES, r.at_ns)):  # a final one last
+            latest[report.session] = report
+        return latest
+
+    def state(self, now_ns: int) -> str:
+        """asked, under way, done or expired."""
+        latest = self.latest_by_session()
+        takable = now_ns - self.requested_ns < TAKE_WITHIN_NS
+        if not latest:
+            return "asked" if takable else "expired"
+        working = [r for r in latest.values() if r.state not in FINAL_STATES and now_ns - r.at_ns < FINISH_WITHIN_NS]
+        return "under way" if working else "done"
+
+    def open(self, now_ns: int) -> bool:
+        return self.state(now_ns) in ("asked", "under way")
+
+    def order_for(self, session: str, rank: int, now_ns: int) -> bool:
+        """Whether a process polling now is to take it: within the time to take it, its rank
+        asked, and not taken by it already."""
+        if now_ns - self.requested_ns >= TAKE_WITHIN_NS or (self.ranks and rank not in self.ranks):
+            return False
+        return all(report.session != session for report in self.reports)
+
+
+def check_report(state: str, session: str, first_step: int, last_step: int, reason: str) -> None:
+    if state not in REPORT_STATES:
+        raise QueryError("state", f"{state!r}: one of {', '.join(REPORT_STATES)}")
+    if not SESSION.fullmatch(session):
+        raise QueryError("session", f"{session[:64]!r} is not a session (STARTHEX.PID)")
+    if first_step < -1 or last_step < -1 or (last_step >= 0 and last_step < first_step):
+        raise QueryError("last_step", f"steps {first_step}..{last_step} are not a range")
+    if len(reason.encode()) > MAX_TEXT:
+        raise QueryError("reason", f"{len(reason.encode())} bytes; at most {MAX_TEXT}")
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """`all` or `0,3,5-7` as the ranks asked (empty: all), for the CLI."""
+    text = text.strip()
+    if text in ("", "all"):
+        return ()
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"--ranks: {part.strip()!r} is not a rank or a range like 4-7 (or say all)")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first or last - first >= MAX_RANKS:
+            raise ValueError(f"--ranks: {part.strip()!r} is not a range of at most {MAX_RANKS} ranks")
+        ranks.update(range(first, last + 1))
+    return tuple(sorted(ranks))

@@ -1,0 +1,345 @@
+"""Captures on demand through the real server and store, with real training processes (tests/capture_loop.py)
+that record with the training API and profile with a recording profiler behind the profiler interface."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pandas as pd
+import pytest
+
+from ingest.captures import (
+    FINISH_WITHIN_NS,
+    LEAD_NS,
+    TAKE_WITHIN_NS,
+    Report,
+    Request,
+    check_request,
+    parse_ranks,
+    start_step,
+)
+from ingest.store import Store
+from query.client import Client
+from query.window import QueryError
+from tests.helpers import request
+from tracehouse.batch import BatchBuilder
+from tracehouse.channel import open_channel
+from tracehouse.cli.main import main
+from tracehouse.cli.serve import create_server
+from tracehouse.model import Limits
+from tracehouse.security import ServerSecurity, parse_tokens
+from tracehouse.v1 import capture_pb2, capture_pb2_grpc, ingest_pb2_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+MS = 1_000_000
+S = 1_000_000_000
+
+
+class Loop:
+    """A training process of tests/capture_loop.py, stopped by a file."""
+
+    def __init__(self, address: str, folder: Path, name: str, *extra: str, rank: int | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.stop_file = folder / f"stop-{name}-{rank}"
+        environment = {**os.environ, "PYTHONPATH": str(REPO)}
+        environment.pop("RANK", None)
+        if rank is not None:
+            environment["RANK"] = str(rank)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.capture_loop", address, name, str(self.stop_file),
+             "--spool", str(folder / f"spool-{rank}"), *extra],
+            cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        self.run_id = self.process.stdout.readline().strip()
+        assert self.run_id, self.process.stderr.read() if self.process.stderr else ""
+
+    def stop(self) -> None:
+        self.stop_file.touch()
+        self.process.wait(60)
+
+
+@pytest.fixture
+def loops(address: str, tmp_path: Path) -> Iterator[list[Loop]]:
+    started: list[Loop] = []
+    yield started
+    for loop in started:
+        loop.stop_file.touch()
+    for loop in started:
+        loop.process.wait(60)
+
+
+def wait_for(condition: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return found
+
+
+def steps_of(client: Client, run_id: str) -> pd.DataFrame:
+    frame = client.events(kinds=["step"], run=run_id)
+    frame["n"] = frame["extras"].map(lambda extras: int(extras["step"]))
+    frame["s"] = frame["start"].map(lambda t: int(pd.Timestamp(t).value))
+    frame["e"] = frame["end"].map(lambda t: int(pd.Timestamp(t).value))
+    return frame.set_index("n").sort_index()
+
+
+def steps_stored(client: Client, run_id: str, at_least: int = 5) -> bool:
+    found = client.sql(f"SELECT count() AS n FROM events WHERE run_id = '{run_id}' AND kind = 'step'")
+    return int(found["n"][0]) >= at_least
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, json.loads(out) if out.strip() and status == 0 else None, err
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+
+def test_a_running_loop_asked_for_five_steps_profiles_exactly_those_into_its_run(
+    address: str, client: Client, loops: list[Loop], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = Loop(address, tmp_path, "cap-e2e")
+    loops.append(loop)
+    wait_for(lambda: steps_stored(client, loop.run_id))
+    status, asked, err = cli_json(capsys, "capture", "--run", "cap-e2e", "--steps", "5", "--wait", "60",
+                                  "--reason", "step time up", "--format", "json", "--server", address)  # fmt: skip
+    assert status == 0, err
+    assert asked["run_id"] == loop.run_id and asked["state"] == "done" and asked["reason"] == "step time up"
+    assert asked["steps"] == 5 and asked["first_step"] > 0
+    [outcome] = asked["outcomes"]
+    assert outcome["state"] == "imported", outcome
+    assert (outcome["first_step"], outcome["last_step"]) == (asked["first_step"], asked["first_step"] + 4)
+    assert outcome["events"] == 1 and outcome["trace_bytes"] > 0 and outcome["rank"] == 0
+
+    loop.stop()
+    steps = steps_of(client, loop.run_id)
+    [profiled] = client.events(kinds=["cpu_op"], run=loop.run_id).itertuples()
+    start, end = int(pd.Timestamp(profiled.start).value), int(pd.Timestamp(profiled.end).value)
+    first, last = outcome["first_step"], outcome["last_step"]
+    # the profiler ran from inside step `first`'s start to inside step `last + 1`'s: exactly those five steps
+    assert steps.loc[first, "s"] <= start < steps.loc[first, "e"]
+    assert steps.loc[last, "e"] <= end < steps.loc[last + 1, "e"]
+    assert profiled.pid == loop.process.pid and profiled.tid == steps.loc[first, "tid"]
+
+    status = main(["captures", "--run", loop.run_id, "--server", address])
+    table = capsys.readouterr().out
+    assert status == 0 and asked["request_id"] in table and "imported" in table and f"{first} to {last}" in table
+    assert "step time up" in table
+
+
+def test_every_rank_captures_the_same_steps_and_ranks_choose_which(
+    address: str, client: Client, loops: list[Loop], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = f"ddp-{time.time_ns()}"
+    ranks = [Loop(address, tmp_path, "ddp", "--run-id", run_id, rank=rank) for rank in (0, 1)]
+    loops.extend(ranks)
+    wait_for(lambda: steps_stored(client, run_id, 10))
+    status, asked, err = cli_json(capsys, "capture", "--run", run_id, "--steps", "3", "--wait", "60",
+                                  "--format", "json", "--server", address)  # fmt: skip
+    assert status == 0, err
+    outcomes = asked["outcomes"]
+    assert sorted(o["rank"] for o in outcomes) == [0, 1] and {o["state"] for o in outcomes} == {"imported"}
+    assert {(o["first_step"], o["last_step"]) for o in outcomes} == {(asked["first_step"], asked["first_step"] + 2)}
+
+    status, asked, err = cli_json(capsys, "capture", "--run", run_id, "--steps", "2", "--ranks", "1", "--wait",
+                                  "60", "--format", "json", "--server", address)  # fmt: skip
+    assert status == 0, err
+    assert asked["ranks"] == [1] and [o["rank"] for o in asked["outcomes"]] == [1]
+    assert asked["outcomes"][0]["state"] == "imported"
+
+
+def test_a_process_without_torch_says_so(
+    address: str, client: Client, loops: list[Loop], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = Loop(address, tmp_path, "cap-no-torch", "--profiler", "none-installed")
+    loops.append(loop)
+    wait_for(lambda: steps_stored(client, loop.run_id))
+    status, asked, err = cli_json(capsys, "capture", "--run", loop.run_id, "--wait", "60", "--format", "json",
+                                  "--server", address)  # fmt: skip
+    assert status == 0, err
+    [outcome] = asked["outcomes"]
+    assert asked["state"] == "done" and outcome["state"] == "failed"
+    assert "torch is not installed" in outcome["reason"]
+    assert client.events(kinds=["cpu_op"], run=loop.run_id).empty
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+def test_refusals_name_the_reason_and_the_server_stays_up(
+    address: str,
+    client: Client,
+    ingest: ingest_pb2_grpc.IngestStub,
+    loops: list[Loop],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refused(*argv: str) -> str:
+        try:
+            status = main([*argv, "--server", address])
+        except SystemExit as exited:  # argparse's refusal
+            status = int(str(exited.code))
+        out, err = capsys.readouterr()
+        assert status == 2 and not out, (out, err)
+        return err
+
+    assert "no run 'no-such-run'" in refused("capture", "--run", "no-such-run")
+    imported = BatchBuilder("agent-run/begin").add_run(run_id="agent-run", name="nvml", host="h", source="agent",
+                                                       start=time.time_ns())  # fmt: skip
+    ingest.Write(request(imported), timeout=30)
+    assert "not instrumented: it came from agent" in refused("capture", "--run", "agent-run")
+
+    loop = Loop(address, tmp_path, "cap-refusals")
+    loops.append(loop)
+    wait_for(lambda: steps_stored(client, loop.run_id))
+    first = client.capture(loop.run_id, steps=200)
+    under_way = refused("capture", "--run", loop.run_id)
+    assert (
+        f"capture {first['request_id']} of run {loop.run_id!r} is" in under_way and "one capture at a time" in under_way
+    )
+    assert f"captures --run {loop.run_id} --server {address}" in under_way  # the hint, pasteable
+    wait_for(lambda: [o["state"] for o in client.capture_state(first["request_id"], loop.run_id)["outcomes"]]
+             == ["capturing"])  # fmt: skip
+    time.sleep(0.5)
+    loop.stop()
+    wait_for(lambda: client.capture_state(first["request_id"], loop.run_id)["state"] == "done")
+    [outcome] = client.capture_state(first["request_id"], loop.run_id)["outcomes"]
+    # the run ended mid-capture: the steps it had are imported
+    assert outcome["state"] == "imported" and 0 < outcome["last_step"] - outcome["first_step"] + 1 < 200
+    wait_for(lambda: not client.runs(name_contains="cap-refusals")["end"].isna().any())
+    assert "has ended" in refused("capture", "--run", loop.run_id)
+
+    stub = capture_pb2_grpc.CaptureStub(open_channel(address))
+    for wrong, field in (
+        (capture_pb2.CaptureRequest(run_id="agent-run", steps=3, seconds=2), "steps"),
+        (capture_pb2.CaptureRequest(run_id="agent-run", steps=5000), "steps"),
+        (capture_pb2.CaptureRequest(run_id="agent-run", seconds=float("nan")), "seconds"),
+        (capture_pb2.CaptureRequest(run_id=""), "run_id"),
+    ):
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Request(wrong, timeout=10)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error.value.details().startswith(field)
+    for report, field in (
+        (capture_pb2.CaptureReport(request_id=first["request_id"], run_id=loop.run_id, session="x", state="taken"),
+         "session"),
+        (capture_pb2.CaptureReport(request_id=first["request_id"], run_id=loop.run_id, session="ab.12", state="won"),
+         "state"),
+    ):  # fmt: skip
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Report(report, timeout=10)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error.value.details().startswith(field)
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Report(capture_pb2.CaptureReport(request_id="cap-nope", run_id=loop.run_id, session="ab.12",
+                                              state="taken"), timeout=10)  # fmt: skip
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "--ranks" in refused("capture", "--run", "x", "--ranks", "0,a")
+    assert "not allowed with argument" in refused("capture", "--run", "x", "--steps", "2", "--seconds", "1")
+    assert client.runs(name_contains="cap-refusals").shape[0] == 1  # the server answers still
+
+
+def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits: Limits) -> None:
+    ci, writer, reader = "ci-token-0123456789abcdefgh", "write-token-0123456789abcdef", "read-token-0123456789abcdef"
+    tokens = f"write {ci} runs=ci-\nwrite {writer}\nread {reader}\n"
+    server = create_server(store, "127.0.0.1:0", limits, security=ServerSecurity(parse_tokens(tokens)))
+    try:
+        with open_channel(f"127.0.0.1:{server.port}") as channel:
+            stub, ingest = capture_pb2_grpc.CaptureStub(channel), ingest_pb2_grpc.IngestStub(channel)
+
+            def bearer(token: str) -> tuple[tuple[str, str]]:
+                return (("authorization", f"Bearer {token}"),)
+
+            for run_id in ("other-run", "ci-run"):
+                described = BatchBuilder(f"{run_id}/b").add_run(
+                    run_id=run_id, name=run_id, host="h", source="user", start=time.time_ns()
+                )
+                ingest.Write(request(described), timeout=30, metadata=bearer(writer))
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Request(capture_pb2.CaptureRequest(run_id="other-run"), timeout=10, metadata=bearer(ci))
+            assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            asked = stub.Request(capture_pb2.CaptureRequest(run_id="ci-run", steps=2), timeout=10, metadata=bearer(ci))
+            assert asked.state == "asked" and "runs=ci-" in asked.requested_by and ci not in asked.requested_by
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Request(capture_pb2.CaptureRequest(run_id="ci-run"), timeout=10, metadata=bearer(reader))
+            assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            listed = stub.List(capture_pb2.CaptureListRequest(run_id="ci-run"), timeout=10, metadata=bearer(reader))
+            assert [c.request_id for c in listed.captures] == [asked.request_id]
+            # a writer of this run hears of the request in its write's answer; of another run, not
+            for run_id, waiting in (("ci-run", True), ("other-run", False)):
+                written = BatchBuilder(f"{run_id}/more", run_id=run_id, host="h").add_events("step", [1], [2], "step")
+                answer = ingest.Write(request(written), timeout=30, metadata=bearer(writer))
+                assert answer.capture_waiting is waiting
+    finally:
+        server.stop(1)
+
+
+# -- the rules, without the network -----------------------------------------------------------------
+
+
+def test_the_start_step_leaves_every_process_time_to_hear_of_it() -> None:
+    assert start_step([], 1_000 * S) == (-1, 0)
+    base = 1_000 * S
+    seen = [(n, base + (n - 30) * 100 * MS, base + (n - 29) * 100 * MS) for n in range(30, 42)]
+    now = seen[-1][2] + 200 * MS  # step 41 ended 200 ms ago
+    # the step that begins LEAD_NS (3 s) from now at 100 ms a step: 3.2 s after step 41's end
+    assert LEAD_NS == 3 * S and start_step(seen, now) == (41 + 1 + 32, 100 * MS)
+
+
+def test_request_states_follow_the_processes_reports() -> None:
+    asked = Request("cap-1", "r", 0, "me", "", 5, 3, 0.0, ())
+    assert asked.state(1) == "asked" and asked.state(TAKE_WITHIN_NS) == "expired"
+    asked.reports.append(Report("a.1", 0, "h", "taken", 10))
+    assert asked.state(20) == "under way" and asked.state(FINISH_WITHIN_NS + 10) == "done"
+    asked.reports.append(Report("a.1", 0, "h", "imported", 30, 5, 7, 100, 1))
+    asked.reports.append(Report("a.1", 0, "h", "capturing", 30))  # arrived late: the final state stands
+    assert asked.state(40) == "done" and asked.latest_by_session()["a.1"].state == "imported"
+    assert not asked.order_for("a.1", 0, 40) and asked.order_for("b.2", 3, 40)
+    assert not Request("cap-2", "r", 0, "me", "", 5, 3, 0.0, (1,)).order_for("b.2", 3, 40)
+
+
+def test_ranks_and_sizes_are_checked() -> None:
+    assert parse_ranks("all") == () and parse_ranks("0,3,5-7") == (0, 3, 5, 6, 7)
+    for wrong in ("a", "3-1", "1-", "-1"):
+        with pytest.raises(ValueError, match="--ranks"):
+            parse_ranks(wrong)
+    assert check_request(0, 0.0, [3, 1, 3], "").steps == 10
+    assert check_request(0, 0.0, [3, 1, 3], "").ranks == (1, 3)
+    with pytest.raises(QueryError, match=r"^reason"):
+        check_request(2, 0.0, [], "x" * 2000)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install torch)")
+def test_the_real_profiler_captures_ten_steps_of_a_cpu_loop(
+    address: str, client: Client, loops: list[Loop], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = Loop(address, tmp_path, "cap-torch", "--profiler", "torch")
+    loops.append(loop)
+    wait_for(lambda: steps_stored(client, loop.run_id))
+    status, asked, err = cli_json(capsys, "capture", "--run", loop.run_id, "--steps", "10", "--wait", "120",
+                                  "--format", "json", "--server", address)  # fmt: skip
+    assert status == 0, err
+    [outcome] = asked["outcomes"]
+    assert outcome["state"] == "imported", outcome
+    first, last = outcome["first_step"], outcome["last_step"]
+    assert (first, last) == (asked["first_step"], asked["first_step"] + 9)
+    loop.stop()
+    steps = steps_of(client, loop.run_id)
+    ops = client.events(kinds=["cpu_op"], run=loop.run_id)
+    assert 10 <= len(ops) <= outcome["events"]
+    starts = ops["start"].map(lambda t: int(pd.Timestamp(t).value))
+    ends = ops["end"].map(lambda t: int(pd.Timestamp(t).value))
+    assert starts.min() >= steps.loc[first, "s"] and ends.max() <= steps.loc[last, "e"]
+    assert (ops["name"] == "aten::matmul").sum() == 10  # one a step: exactly the ten steps asked
+    assert set(ops["pid"]) == {loop.process.pid}
