@@ -14,9 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.captures import (
+    Asked,
+    CaptureRecord,
     CaptureRefused,
     Report,
-    Request,
     check_report,
     check_request,
     start_step,
@@ -25,7 +26,7 @@ from ingest.grants import OutOfBounds
 from ingest.store import Store
 from ingest.storeerrors import StoreError
 from query.window import QueryError, RunNotFound
-from tracehouse.scopes import CALLER, Grant
+from tracehouse.scopes import CALLER, UNBOUNDED, Grant
 from tracehouse.timefmt import now_ns
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc
 
@@ -66,15 +67,15 @@ def _row(**values: Any) -> pa.Table:
     return pa.table({name: [row[name]] for name in SCHEMA.names}, schema=SCHEMA)
 
 
-def _requests(rows: pa.Table) -> dict[str, Request]:
+def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
     """Requests and their reports from rows of `captures` (in _COLUMNS order)."""
-    requests: dict[str, Request] = {}
+    requests: dict[str, CaptureRecord] = {}
     reports: list[tuple[str, Report]] = []
     for values in rows.to_pylist():
         (request_id, run_id, record, at, requested_by, reason, first, last, steps, seconds, ranks,
          session, rank, host, state, trace_bytes, events) = values.values()  # fmt: skip
         if record == "request":
-            requests[request_id] = Request(request_id, run_id, at, requested_by, reason, first, steps, seconds,
+            requests[request_id] = CaptureRecord(request_id, run_id, at, requested_by, reason, first, steps, seconds,
                                            tuple(ranks))  # fmt: skip
         else:
             reports.append(
@@ -92,7 +93,7 @@ class CaptureBoard:
     def __init__(self, store: Store, refresh_s: float = REFRESH_S) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._requests: dict[str, Request] = {}
+        self._requests: dict[str, CaptureRecord] = {}
         self._open_runs: frozenset[str] = frozenset()
         self._stop = threading.Event()
         self._refresh_s = refresh_s
@@ -131,7 +132,7 @@ class CaptureBoard:
         now = now_ns()
         self._open_runs = frozenset(r.run_id for r in self._requests.values() if r.open(now))
 
-    def add(self, request: Request) -> None:
+    def add(self, request: CaptureRecord) -> None:
         with self._lock:
             self._requests[request.request_id] = request
             self._reopen()
@@ -142,17 +143,17 @@ class CaptureBoard:
                 self._requests[request_id].reports.append(report)
             self._reopen()
 
-    def open_request(self, run_id: str) -> Request | None:
+    def open_request(self, run_id: str) -> CaptureRecord | None:
         now = now_ns()
         with self._lock:
             return next((r for r in self._requests.values() if r.run_id == run_id and r.open(now)), None)
 
-    def orders(self, run_id: str, session: str, rank: int) -> list[Request]:
+    def orders(self, run_id: str, session: str, rank: int) -> list[CaptureRecord]:
         now = now_ns()
         with self._lock:
             return [r for r in self._requests.values() if r.run_id == run_id and r.order_for(session, rank, now)]
 
-    def get(self, request_id: str) -> Request | None:
+    def get(self, request_id: str) -> CaptureRecord | None:
         with self._lock:
             return self._requests.get(request_id)
 
@@ -163,7 +164,7 @@ def caller(grant: Grant, context: Any) -> str:
     return " ".join([str(context.peer()), *bounds])[:1024]
 
 
-def state_message(request: Request, now: int) -> capture_pb2.CaptureState:
+def state_message(request: CaptureRecord, now: int) -> capture_pb2.CaptureState:
     outcomes = [
         capture_pb2.CaptureOutcome(
             session=r.session,
@@ -198,22 +199,28 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         if not request.run_id or len(request.run_id) > 1024:
             raise QueryError("run_id", "required: a run's id or name" if not request.run_id else "too long")
         asked = check_request(request.steps, request.seconds, list(request.ranks), request.reason)
+        made = self.ask(request.run_id, asked, caller(grant, context), grant)
+        return state_message(made, made.requested_ns)
+
+    def ask(self, run: str, asked: Asked, requested_by: str, grant: Grant = UNBOUNDED) -> CaptureRecord:
+        """Record a capture request of the run (an id, or the name of one running run), once it is
+        found capturable, and put it on the board; a person's (Request) or a rule's."""
         with self._asking:
-            run_id, host = self._capturable(request.run_id, grant)
+            run_id, host = self._capturable(run, grant)
             now = now_ns()
             first, typical = start_step(self._recent_steps(run_id, host), now)
             steps = asked.steps
             if asked.seconds and typical:
                 steps = max(1, math.ceil(asked.seconds * 1e9 / typical))
-            made = Request(f"cap-{now:x}-{secrets.token_hex(3)}", run_id, now, caller(grant, context), asked.reason,
+            made = CaptureRecord(f"cap-{now:x}-{secrets.token_hex(3)}", run_id, now, requested_by, asked.reason,
                            first, steps, asked.seconds, asked.ranks)  # fmt: skip
             self.store.append("captures", _row(
-                request_id=made.request_id, run_id=run_id, record="request", at=now, requested_by=made.requested_by,
+                request_id=made.request_id, run_id=run_id, record="request", at=now, requested_by=requested_by,
                 reason=made.reason, first_step=first, steps=steps, seconds=asked.seconds, ranks=list(asked.ranks),
             ))  # fmt: skip
             self.board.add(made)
-        log.info("capture %s of run %s asked by %s", made.request_id, run_id, made.requested_by)
-        return state_message(made, now)
+        log.info("capture %s of run %s asked by %s", made.request_id, run_id, requested_by)
+        return made
 
     def _capturable(self, run: str, grant: Grant) -> tuple[str, str]:
         """The run (an id, else the name of one running run) and its host, once it is found to be a

@@ -86,7 +86,7 @@ class Report:
 
 
 @dataclass
-class Request:
+class CaptureRecord:
     request_id: str
     run_id: str
     requested_ns: int

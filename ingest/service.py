@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ingest.admission import Admission, Admitted, Overloaded
+from ingest.capture_rules import RuleEngine
 from ingest.capture_service import CaptureBoard
 from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
 from ingest.groupcommit import GroupCommit
@@ -32,9 +33,11 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         commit: GroupCommit,
         admission: Admission | None = None,
         captures: CaptureBoard | None = None,
+        rules: RuleEngine | None = None,
     ) -> None:
         self.store = store
         self.captures = captures
+        self.rules = rules
         self.commit = commit
         self.admission = admission or Admission()
         self.run_locks = RunLocks()
@@ -56,6 +59,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         except OutOfBounds as refused:
             log.info("refused a write from %s: %s is outside its token's bounds", context.peer(), refused.field)
             raise
+        if self.rules is not None and batch.samples is not None and not result.duplicate:
+            self.rules.observe(batch.samples)
         waiting = self.captures is not None and self.captures.waiting(request.batch.run_id)
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, **result.rows)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,8 +22,8 @@ from ingest.captures import (
     FINISH_WITHIN_NS,
     LEAD_NS,
     TAKE_WITHIN_NS,
+    CaptureRecord,
     Report,
-    Request,
     check_request,
     parse_ranks,
     start_step,
@@ -298,7 +299,7 @@ def test_the_start_step_leaves_every_process_time_to_hear_of_it() -> None:
 
 
 def test_request_states_follow_the_processes_reports() -> None:
-    asked = Request("cap-1", "r", 0, "me", "", 5, 3, 0.0, ())
+    asked = CaptureRecord("cap-1", "r", 0, "me", "", 5, 3, 0.0, ())
     assert asked.state(1) == "asked" and asked.state(TAKE_WITHIN_NS) == "expired"
     asked.reports.append(Report("a.1", 0, "h", "taken", 10))
     assert asked.state(20) == "under way" and asked.state(FINISH_WITHIN_NS + 10) == "done"
@@ -306,7 +307,7 @@ def test_request_states_follow_the_processes_reports() -> None:
     asked.reports.append(Report("a.1", 0, "h", "capturing", 30))  # arrived late: the final state stands
     assert asked.state(40) == "done" and asked.latest_by_session()["a.1"].state == "imported"
     assert not asked.order_for("a.1", 0, 40) and asked.order_for("b.2", 3, 40)
-    assert not Request("cap-2", "r", 0, "me", "", 5, 3, 0.0, (1,)).order_for("b.2", 3, 40)
+    assert not CaptureRecord("cap-2", "r", 0, "me", "", 5, 3, 0.0, (1,)).order_for("b.2", 3, 40)
 
 
 def test_ranks_and_sizes_are_checked() -> None:
@@ -343,3 +344,122 @@ def test_the_real_profiler_captures_ten_steps_of_a_cpu_loop(
     assert starts.min() >= steps.loc[first, "s"] and ends.max() <= steps.loc[last, "e"]
     assert (ops["name"] == "aten::matmul").sum() == 10  # one a step: exactly the ten steps asked
     assert set(ops["pid"]) == {loop.process.pid}
+
+
+# -- on a rule ------------------------------------------------------------------------------------
+
+
+def util_samples(host: str, value: float, seconds: float, end_ns: int, run_id: str = "agent-telemetry") -> Any:
+    """gpu.util_pct of GPU 0 at 10 Hz for `seconds` up to `end_ns`, as the agent sends it."""
+    import numpy as np
+
+    count = int(seconds * 10)
+    ts = end_ns - (count - 1 - np.arange(count)) * 100 * MS
+    builder = BatchBuilder(f"{run_id}/{host}/{end_ns}/{value}", run_id=run_id, host=host)
+    return request(builder.add_samples("gpu.util_pct", ts, np.full(count, value), gpu=0))
+
+
+@pytest.fixture
+def ruled(store: Store, limits: Limits, tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A server with two rules: util below 50 for 2 s (fixed), and below 0.8 times run baseline-run's mean."""
+    from ingest.capture_rules import parse_rules
+
+    rules = parse_rules(
+        """
+rules:
+  - {name: util-low, metric: gpu.util_pct, below: 50, for: 2s, steps: 3, every: 10m, runs: "cap-rule*"}
+  - {name: below-baseline, metric: gpu.util_pct, below: 0.8, baseline: baseline-run, for: 2s, runs: "plain*"}
+""",
+        "test",
+    )
+    server = create_server(store, "127.0.0.1:0", limits, capture_rules=rules)
+    yield f"127.0.0.1:{server.port}", server
+    server.stop(1)
+
+
+def test_a_rule_asks_the_runs_of_a_gpu_whose_telemetry_crossed_it_once_per_every(
+    ruled: tuple[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    address, server = ruled
+    host = socket.gethostname()
+    loop = Loop(address, tmp_path, "cap-rule-loop")
+    try:
+        with Client(address) as client, open_channel(address) as channel:
+            ingest = ingest_pb2_grpc.IngestStub(channel)
+            wait_for(lambda: steps_stored(client, loop.run_id))
+            base = time.time_ns()
+            ingest.Write(util_samples(host, 80.0, 3, base), timeout=30)  # above: nothing
+            ingest.Write(util_samples(host, 20.0, 0.5, base + S // 2), timeout=30)  # below, not for 2 s: mean 65
+            server.rules.drain()
+            assert server.rules.fired == 0 and client.capture_list(loop.run_id) == []
+            ingest.Write(util_samples(host, 20.0, 3, base + 7 * S // 2), timeout=30)
+            server.rules.drain()
+            [asked] = client.capture_list(loop.run_id)
+            assert asked["requested_by"] == "rule util-low" and asked["steps"] == 3
+            assert asked["reason"].startswith(f"rule util-low: gpu.util_pct averaged 20 over 2 s on {host} GPU 0")
+            done = wait_for(lambda: (c := client.capture_state(asked["request_id"], loop.run_id))["state"] == "done"
+                            and c)  # fmt: skip
+            assert [o["state"] for o in done["outcomes"]] == ["imported"]
+            ingest.Write(util_samples(host, 10.0, 3, base + 13 * S // 2), timeout=30)  # within `every`
+            server.rules.drain()
+            assert server.rules.fired == 1 and len(client.capture_list(loop.run_id)) == 1
+    finally:
+        loop.stop()
+
+
+def test_a_rule_against_a_baseline_runs_mean(ruled: tuple[str, Any]) -> None:
+    address, server = ruled
+    now = time.time_ns()
+    with Client(address) as client, open_channel(address) as channel:
+        ingest = ingest_pb2_grpc.IngestStub(channel)
+        ingest.Write(request(BatchBuilder("baseline-run/d").add_run(
+            run_id="baseline-run", name="baseline-run", host="base", source="agent", start=now - 60 * S,
+            end=now - 10 * S)), timeout=30)  # fmt: skip
+        ingest.Write(util_samples("base", 80.0, 20, now - 20 * S, "baseline-run"), timeout=30)
+        running = BatchBuilder("plain-run/d").add_run(
+            run_id="plain-run", name="plain-run", host="node-9", source="user", start=now - 5 * S
+        )
+        ingest.Write(request(running), timeout=30)
+        ingest.Write(util_samples("node-9", 70.0, 3, now), timeout=30)  # above 0.8 times 80 = 64
+        server.rules.drain()
+        assert client.capture_list("plain-run") == []
+        ingest.Write(util_samples("node-9", 50.0, 3, now + 4 * S), timeout=30)
+        server.rules.drain()
+        [asked] = client.capture_list("plain-run")
+        assert asked["requested_by"] == "rule below-baseline" and asked["state"] == "asked"
+        assert "below 64 (0.8 times 80, run 'baseline-run')" in asked["reason"]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("rules: []", "1 to 100"),
+        ("{rules: [{name: a, metric: m, below: 1, color: red}]}", "unknown key 'color'"),
+        ("{rules: [{name: a, below: 1}]}", "'metric' is required"),
+        ("{rules: [{name: a, metric: m}]}", "give one of 'below' and 'above'"),
+        ("{rules: [{name: a, metric: m, below: 1, above: 2}]}", "give one of 'below' and 'above'"),
+        ("{rules: [{name: a, metric: m, below: x}]}", "'below' must be a number"),
+        ("{rules: [{name: a, metric: m, below: 1, for: soon}]}", "'for': 'soon' is not a duration"),
+        ("{rules: [{name: a, metric: m, below: 1, steps: 0}]}", "'steps' must be a whole number from 1 to 1000"),
+        ("{rules: [{name: a, metric: m, below: 1, phase: fwd}]}", "'phase' needs a 'baseline'"),
+        ("{rules: [{name: a, metric: m, below: 1}, {name: a, metric: n, above: 2}]}", "rule names repeat"),
+        ("a: &x [1]\nb: *x", "aliases"),
+        ("rules: [", "not YAML"),
+    ],
+)
+def test_rule_files_are_checked_and_the_refusal_names_the_key(text: str, said: str) -> None:
+    from ingest.capture_rules import RuleError, parse_rules
+
+    with pytest.raises(RuleError, match=re.escape(said)):
+        parse_rules(text, "rules.yaml")
+
+
+def test_serve_refuses_a_bad_rule_file_before_it_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("{rules: [{name: a, metric: m, below: 1, every: often}]}")
+    status = main(["serve", "--store", f"chdb://{tmp_path / 'store'}", "--listen", "127.0.0.1:0",
+                   "--capture-rule", str(rules)])  # fmt: skip
+    assert status == 2
+    assert f"--capture-rule {rules}: rule 1 (a): 'every': 'often' is not a duration" in capsys.readouterr().err

@@ -5,8 +5,9 @@ caller's thread (tracehouse's worker thread runs meanwhile, as in training, and 
 when it does), with a `tracehouse serve` of its own (a process, on a temporary store) up, and
 with the server away (a closed port: every batch goes to the spool on disk). Baselines, timed
 the same way in the same process: a call of an empty Python function and a list append. Also
-the CPU time of all of the process's threads per record, and a check that every step
-recorded with the server up was stored.
+what listening for captures on demand adds to each `step()` (its test for an order, against an
+empty loop), the CPU time of all of the process's threads per record, and a check that every
+step recorded with the server up was stored.
 """
 
 from __future__ import annotations
@@ -73,11 +74,23 @@ def _measure(run: training.Run, calls: int, rounds: int) -> dict[str, Any]:
         for i in range(n):
             scalar("loss", 1.0 / (i + 1))
 
+    def loops(n: int) -> None:
+        for _ in range(n):
+            pass
+
+    def listens(n: int) -> None:  # what step() does for captures on demand when none is asked
+        for _ in range(n):
+            capture = run._capture
+            if capture is not None:
+                pass
+
     def settle() -> None:  # the worker catches up between rounds: a round never fills the buffer
         while run._buffer:
             time.sleep(0.01)
 
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {
+        "capture_listening_ns": round(_per_call(listens, calls, rounds) - _per_call(loops, calls, rounds), 1)
+    }
     cpu_started = time.process_time()
     for name, loop in (("step_ns", steps), ("phase_ns", phases), ("scalar_ns", scalars)):
         result[name] = _per_call(loop, calls, rounds, settle)

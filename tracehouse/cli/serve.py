@@ -10,7 +10,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, Admission, Overloaded
+from ingest.capture_rules import Rule, RuleEngine
 from ingest.capture_service import CaptureBoard, CaptureService
-from ingest.captures import CaptureRefused
+from ingest.captures import Asked, CaptureRefused
 from ingest.commitpolicy import CommitPolicy
 from ingest.grants import OutOfBounds
 from ingest.groupcommit import GroupCommit
@@ -162,6 +163,7 @@ class Server:
     local_folder: Path | None = None  # the socket's private folder, removed at stop
     commit: GroupCommit | None = None
     captures: CaptureBoard | None = None
+    rules: RuleEngine | None = None
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -174,6 +176,8 @@ class Server:
         self.grpc_server.stop(grace).wait()
         if self.commit is not None:
             self.commit.close()
+        if self.rules is not None:
+            self.rules.close()
         if self.captures is not None:
             self.captures.close()
         if self.local_folder is not None:
@@ -190,6 +194,7 @@ def create_server(
     ack_target_ms: int = DEFAULT_TARGET_MS,
     security: ServerSecurity | None = None,
     commit: CommitPolicy | None = None,
+    capture_rules: Sequence[Rule] = (),
 ) -> Server:
     """Build and start the server on `listen` (host:port; port 0 picks one). Writes may hold
     three in four of the `workers` threads; the others answer queries and refuse, at once,
@@ -207,9 +212,18 @@ def create_server(
     admission = Admission(max_pending_bytes, max(1, workers * 3 // 4), ack_target_ms)
     group_commit = GroupCommit(store, commit)
     captures = CaptureBoard(store)
-    add_service(server, INGEST, IngestService(store, group_commit, admission, captures), limits.max_batch_bytes)
+    capture_service = CaptureService(store, captures)
+    rules = None
+    if capture_rules:
+
+        def ask(run_id: str, steps: int, reason: str, requested_by: str) -> None:
+            capture_service.ask(run_id, Asked(steps, 0.0, (), reason), requested_by)
+
+        rules = RuleEngine(store, capture_rules, ask)
+    ingest_service = IngestService(store, group_commit, admission, captures, rules)
+    add_service(server, INGEST, ingest_service, limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
-    add_service(server, CAPTURE, CaptureService(store, captures), limits.max_string_bytes * 4)
+    add_service(server, CAPTURE, capture_service, limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -235,7 +249,9 @@ def create_server(
             raise OSError(f"cannot listen on {local_address}: {error}") from error
     server.start()
     captures.start()
-    running = Server(server, port, health_servicer, local_address, local_folder, group_commit, captures)
+    if rules is not None:
+        rules.start()
+    running = Server(server, port, health_servicer, local_address, local_folder, group_commit, captures, rules)
     running.set_serving(True)
     store.on_health(running.set_serving)
     return running
@@ -296,6 +312,7 @@ def serve(
     security: ServerSecurity | None = None,
     layout: Mapping[str, Any] | None = None,
     commit: CommitPolicy | None = None,
+    capture_rules: Sequence[Rule] = (),
 ) -> int:
     """Run until SIGINT, SIGTERM or SIGHUP; then finish the calls in flight and close the store.
 
@@ -325,7 +342,7 @@ def serve(
             ready = False
         server = create_server(
             store, listen, limits, max_pending_bytes=max_pending_bytes, ack_target_ms=ack_target_ms,
-            security=security, commit=commit,
+            security=security, commit=commit, capture_rules=capture_rules,
         )  # fmt: skip
         server.set_serving(ready)
         _spare_the_collector()

@@ -136,6 +136,14 @@ def _add_serve(commands: Any) -> None:
             help="store the batches waiting sooner once they hold ROWS rows, and at most ROWS rows a group "
             "(default %(default)s)",
         )
+        parser.add_argument(
+            "--capture-rule",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="YAML rules that ask running training runs for a capture when their GPUs' telemetry says so "
+            "(README: Capture on a rule)",
+        )
     for parser in (serve, up):
         _add_server_security(parser)
     ui = commands.add_parser("ui", help="run the Streamlit explorer against a server")
@@ -186,6 +194,7 @@ def run_schema(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from ingest.capture_rules import load_rules
     from ingest.store import StoreUnavailable
     from tracehouse.cli.serve import serve
     from tracehouse.cli.up import Up
@@ -194,6 +203,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         store = _store_url(args)
         layout = _layout(args) if args.command == "serve" else {}
+        rules = load_rules(args.capture_rule) if args.capture_rule is not None else []
     except ValueError as error:
         print(f"tracehouse: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -218,6 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 args.commit_rows,
                 None if args.ack_within_ms is None else args.ack_within_ms / 1000,
             ),
+            capture_rules=rules,
         )
     except SecurityError as error:
         print(f"tracehouse: {error}", file=sys.stderr)

@@ -1,0 +1,300 @@
+"""Captures on a rule: `tracehouse serve --capture-rule FILE`. Each rule watches one NVML metric of
+every GPU as its samples arrive; when the metric's mean over a sliding window falls below (or rises
+above) a fixed value or a fraction of a baseline run's mean, the running training-API runs of that
+GPU's host are asked for a capture of their next steps, at most once per run per `every`.
+
+```yaml
+rules:
+  - name: sm-drop                # names the requests it makes ("rule sm-drop")
+    metric: gpu.sm_active_pct
+    below: 0.8                   # with a baseline: a fraction of its mean; without: the metric's own unit
+    baseline: resnet50-good      # a run's id or name: the metric's mean on its host during the run
+    phase: forward               # with a baseline: the mean inside that phase's (or NVTX range's) instances
+    for: 30s                     # the window the mean is taken over (default 30s)
+    steps: 20                    # steps to capture (default 10)
+    every: 10m                   # at most one capture per run per this long (default 10m)
+    runs: "resnet*"              # only runs so named (a glob; default every run)
+```
+"""
+
+from __future__ import annotations
+
+import collections
+import fnmatch
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from ingest.captures import DEFAULT_STEPS, MAX_STEPS
+from tracehouse.timefmt import now_ns, parse_duration
+
+log = logging.getLogger("tracehouse.capture.rules")
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+RULE_KEYS = frozenset({"name", "metric", "below", "above", "baseline", "phase", "for", "steps", "every", "runs"})
+MAX_RULES = 100
+QUEUED_BATCHES = 1000  # past this, samples wait for nobody: a rule misses them, the writes never wait
+
+
+class RuleError(ValueError):
+    """A rule file that cannot be used; the message names the file, the rule and the key."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    metric: str
+    limit: float
+    below: bool  # True: fires when the mean falls below the limit; False: above it
+    baseline: str = ""
+    phase: str = ""
+    window_ns: int = 30_000_000_000
+    steps: int = DEFAULT_STEPS
+    every_ns: int = 600_000_000_000
+    runs: str = ""
+
+    def describe(self, threshold: float, base: float | None) -> str:
+        side = "below" if self.below else "above"
+        if base is None:
+            return f"{side} {threshold:.4g}"
+        where = f" in phase {self.phase!r}" if self.phase else ""
+        return f"{side} {threshold:.4g} ({self.limit:g} times {base:.4g}, run {self.baseline!r}{where})"
+
+
+def load_rules(path: Path) -> list[Rule]:
+    where = f"--capture-rule {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise RuleError(f"{where}: cannot read it ({error})") from None
+    return parse_rules(text, where)
+
+
+def parse_rules(text: str, where: str) -> list[Rule]:
+    try:
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_LOADER)):
+            raise RuleError(f"{where}: aliases (*name) are not supported")
+        document = yaml.load(text, Loader=_LOADER)
+    except yaml.YAMLError as error:
+        raise RuleError(f"{where}: not YAML: {error}") from None
+    if not isinstance(document, dict) or set(document) != {"rules"} or not isinstance(document["rules"], list):
+        raise RuleError(f"{where}: expected a mapping with one key, 'rules', holding a list of rules")
+    entries = document["rules"]
+    if not entries or len(entries) > MAX_RULES:
+        raise RuleError(f"{where}: 'rules' holds {len(entries)} rules; 1 to {MAX_RULES}")
+    rules = [_rule(entry, f"{where}: rule {i + 1}") for i, entry in enumerate(entries)]
+    names = [rule.name for rule in rules]
+    if len(set(names)) != len(names):
+        raise RuleError(f"{where}: rule names repeat: {sorted({n for n in names if names.count(n) > 1})}")
+    return rules
+
+
+def _rule(entry: Any, where: str) -> Rule:
+    if not isinstance(entry, dict):
+        raise RuleError(f"{where}: a rule is a mapping of {', '.join(sorted(RULE_KEYS))}")
+    unknown = sorted(str(key) for key in entry if key not in RULE_KEYS)
+    if unknown:
+        raise RuleError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(RULE_KEYS))}")
+    for key in ("name", "metric"):
+        if not isinstance(entry.get(key), str) or not entry[key].strip() or len(entry[key]) > 256:
+            raise RuleError(f"{where}: {key!r} is required: 1 to 256 characters of text")
+    where = f"{where} ({entry['name']})"
+    if ("below" in entry) == ("above" in entry):
+        raise RuleError(f"{where}: give one of 'below' and 'above'")
+    side = "below" if "below" in entry else "above"
+    limit = entry[side]
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit != limit:
+        raise RuleError(f"{where}: {side!r} must be a number")
+    texts = {key: entry.get(key, "") for key in ("baseline", "phase", "runs")}
+    for key, value in texts.items():
+        if not isinstance(value, str) or len(value) > 256:
+            raise RuleError(f"{where}: {key!r} must be text of at most 256 characters")
+    if texts["phase"] and not texts["baseline"]:
+        raise RuleError(f"{where}: 'phase' needs a 'baseline' run to take the phase from")
+    durations = {}
+    for key, default in (("for", "30s"), ("every", "10m")):
+        try:
+            durations[key] = parse_duration(str(entry.get(key, default)))
+        except ValueError as error:
+            raise RuleError(f"{where}: {key!r}: {error}") from None
+        if durations[key] <= 0:
+            raise RuleError(f"{where}: {key!r} must be longer than 0")
+    steps = entry.get("steps", DEFAULT_STEPS)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise RuleError(f"{where}: 'steps' must be a whole number from 1 to {MAX_STEPS}")
+    return Rule(
+        entry["name"], entry["metric"], float(limit), below=side == "below", baseline=texts["baseline"],
+        phase=texts["phase"], window_ns=durations["for"], steps=steps, every_ns=durations["every"], runs=texts["runs"],
+    )  # fmt: skip
+
+
+class _Window:
+    """One GPU's samples of one metric over the last `span` ns, and their sum."""
+
+    def __init__(self, span: int) -> None:
+        self.span = span
+        self.values: collections.deque[tuple[int, float]] = collections.deque()
+        self.total = 0.0
+
+    def add(self, ts: int, value: float) -> None:
+        if self.values and ts <= self.values[-1][0]:
+            return  # late or repeated (a replayed spool): the window moves forward only
+        self.values.append((ts, value))
+        self.total += value
+        while self.values[0][0] <= ts - self.span:
+            self.total -= self.values.popleft()[1]
+
+    def mean_if_full(self) -> float | None:
+        """The mean once the samples cover the window (their first within a tenth of its start)."""
+        if len(self.values) < 2 or self.values[-1][0] - self.values[0][0] < self.span * 9 // 10:
+            return None
+        return self.total / len(self.values)
+
+
+Ask = Callable[[str, int, str, str], None]  # (run_id, steps, reason, requested_by): a capture request
+
+
+class RuleEngine:
+    """Watches the samples that writes store (`observe`, on the write's thread: a filter and a queue
+    put) and, on a thread of its own, keeps the windows and asks for captures (`ask`)."""
+
+    def __init__(self, store: Any, rules: Sequence[Rule], ask: Ask) -> None:
+        self.store = store
+        self.rules = list(rules)
+        self.ask = ask
+        self.metrics = pa.array(sorted({rule.metric for rule in self.rules}), pa.string())
+        self._queue: queue.Queue[pa.Table | None] = queue.Queue(QUEUED_BATCHES)
+        self._windows: dict[tuple[str, str, int], _Window] = {}
+        self._baselines: dict[str, float | None] = {}
+        self._asked: dict[tuple[str, str], int] = {}  # (rule, run): when this rule last asked
+        self._thread = threading.Thread(target=self._work, name="capture-rules", daemon=True)
+        self.fired = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(5)
+
+    def observe(self, samples: pa.Table) -> None:
+        wanted = samples.filter(pc.is_in(samples.column("metric").cast(pa.string()), value_set=self.metrics))
+        if wanted.num_rows:
+            try:
+                self._queue.put_nowait(wanted.select(["host", "gpu", "metric", "ts", "value"]))
+            except queue.Full:
+                log.warning("capture rules are behind: %d samples not looked at", wanted.num_rows)
+
+    def drain(self) -> None:
+        """Wait until what was observed so far has been looked at (for tests)."""
+        self._queue.join()
+
+    def _work(self) -> None:
+        while (samples := self._queue.get()) is not None:
+            try:
+                self._look(samples)
+            except Exception:
+                log.exception("capture rules: samples not looked at")
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _look(self, samples: pa.Table) -> None:
+        columns = [samples.column(name).to_pylist() for name in ("host", "gpu", "metric")]
+        times = samples.column("ts").cast(pa.int64()).to_pylist()
+        values = samples.column("value").to_pylist()
+        touched: set[tuple[str, str, int]] = set()
+        for rule in self.rules:
+            for host, gpu, metric, ts, value in zip(*columns, times, values, strict=True):
+                if metric == rule.metric:
+                    key = (rule.name, host, gpu)
+                    window = self._windows.get(key)
+                    if window is None:
+                        window = self._windows[key] = _Window(rule.window_ns)
+                    window.add(ts, value)
+                    touched.add(key)
+        for rule in self.rules:
+            for _, host, gpu in sorted(k for k in touched if k[0] == rule.name):
+                self._check(rule, host, gpu)
+
+    def _check(self, rule: Rule, host: str, gpu: int) -> None:
+        window = self._windows[(rule.name, host, gpu)]
+        mean = window.mean_if_full()
+        if mean is None:
+            return
+        base = self._baseline(rule) if rule.baseline else None
+        if rule.baseline and base is None:
+            return
+        threshold = rule.limit * base if base is not None else rule.limit
+        if (mean >= threshold) if rule.below else (mean <= threshold):
+            return
+        seconds = rule.window_ns / 1e9
+        reason = (f"rule {rule.name}: {rule.metric} averaged {mean:.4g} over {seconds:g} s on {host} GPU {gpu}, "
+                  f"{rule.describe(threshold, base)}")  # fmt: skip
+        now = now_ns()
+        for run_id, name in self._running(host):
+            if rule.runs and not fnmatch.fnmatchcase(name, rule.runs):
+                continue
+            if now - self._asked.get((rule.name, run_id), -rule.every_ns) < rule.every_ns:
+                continue
+            try:
+                self.ask(run_id, rule.steps, reason, f"rule {rule.name}")
+            except Exception as refused:  # a capture under way, the run just ended: the next window tries again
+                log.info("capture rule %s: run %s not asked: %s", rule.name, run_id, refused)
+                continue
+            self._asked[(rule.name, run_id)] = now
+            self.fired += 1
+            log.info("capture rule %s asked run %s for %d steps: %s", rule.name, run_id, rule.steps, reason)
+
+    def _running(self, host: str) -> list[tuple[str, str]]:
+        rows = self.store.query(
+            "SELECT run_id, name FROM {db}.runs FINAL WHERE host = {host:String} AND source = 'user' "
+            "AND end IS NULL AND NOT importing ORDER BY run_id",
+            {"host": host},
+        ).to_pylist()
+        return [(row["run_id"], row["name"]) for row in rows]
+
+    def _baseline(self, rule: Rule) -> float | None:
+        """The baseline run's mean of the metric on its host during the run (or inside its instances of
+        the phase), read once; None (said once) when it has none."""
+        key = f"{rule.baseline}\0{rule.metric}\0{rule.phase}"
+        if key not in self._baselines:
+            self._baselines[key] = self._baseline_mean(rule)
+            if self._baselines[key] is None:
+                log.warning("capture rule %s: run %r has no %s samples%s: the rule waits", rule.name, rule.baseline,
+                            rule.metric, f" inside phase {rule.phase!r}" if rule.phase else "")  # fmt: skip
+        return self._baselines[key]
+
+    def _baseline_mean(self, rule: Rule) -> float | None:
+        runs = self.store.query(
+            "SELECT run_id, host, start, coalesce(end, now64(9)) AS end FROM {db}.runs FINAL "
+            "WHERE run_id = {run:String} OR name = {run:String} ORDER BY run_id = {run:String} DESC, start DESC "
+            "LIMIT 1",
+            {"run": rule.baseline},
+        ).to_pylist()
+        if not runs:
+            return None
+        run = runs[0]
+        samples = (
+            "SELECT host, ts, value FROM {db}.samples WHERE host = {host:String} AND metric = {metric:String} "
+            "AND ts >= {start:DateTime64(9)} AND ts < {end:DateTime64(9)}"
+        )
+        parameters = {"host": run["host"], "metric": rule.metric, "start": run["start"], "end": run["end"],
+                      "run": run["run_id"], "phase": rule.phase}  # fmt: skip
+        if rule.phase:
+            sql = (
+                f"SELECT avg(s.value) AS mean FROM ({samples}) AS s ASOF JOIN (SELECT host, start, end FROM "
+                "{db}.events WHERE run_id = {run:String} AND kind IN ('phase', 'nvtx') AND name = {phase:String}) "
+                "AS r ON s.host = r.host AND s.ts >= r.start WHERE s.ts < r.end"
+            )
+        else:
+            sql = f"SELECT avg(value) AS mean FROM ({samples})"
+        mean = self.store.query(sql, parameters).column("mean")[0].as_py()
+        return None if mean is None or mean != mean else float(mean)
