@@ -1,7 +1,9 @@
 """Captures on a rule: `tracehouse serve --capture-rule FILE`. Each rule watches one NVML metric of
 every GPU as its samples arrive; when the metric's mean over a sliding window falls below (or rises
 above) a fixed value or a fraction of a baseline run's mean, the running training-API runs of that
-GPU's host are asked for a capture of their next steps, at most once per run per `every`.
+GPU's host are asked for a capture of their next steps, at most once per run per `every`. A capture
+a rule with a baseline asked for is compared with the baseline once imported: kernel time per step,
+in all and per kernel, kept with the capture (`compared`).
 
 ```yaml
 rules:
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import fnmatch
+import json
 import logging
 import queue
 import threading
@@ -33,14 +36,40 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from ingest.captures import DEFAULT_STEPS, MAX_STEPS
+from ingest.captures import DEFAULT_STEPS, MAX_STEPS, CaptureRecord, Report
 from tracehouse.timefmt import now_ns, parse_duration
+from tracehouse.units import duration
 
 log = logging.getLogger("tracehouse.capture.rules")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RULE_KEYS = frozenset({"name", "metric", "below", "above", "baseline", "phase", "for", "steps", "every", "runs"})
 MAX_RULES = 100
 QUEUED_BATCHES = 1000  # past this, samples wait for nobody: a rule misses them, the writes never wait
+
+
+def compared(kernels: Sequence[dict[str, Any]], baseline: str, steps_a: int, steps_b: int) -> dict[str, Any]:
+    """Kernel time per step, A (the baseline run; per run where it has no steps) against B (the captured
+    steps): in all and for the COMPARED_KERNELS kernels that changed most; and the sentence that says it."""
+    per_a, per_b = max(1, steps_a), max(1, steps_b)
+    rows = [
+        {"name": k["name"], "per_step_ns_a": k["total_ns_a"] // per_a, "per_step_ns_b": k["total_ns_b"] // per_b}
+        for k in kernels
+    ]
+    for row in rows:
+        row["delta_ns"] = row["per_step_ns_b"] - row["per_step_ns_a"]
+    rows.sort(key=lambda row: (-abs(row["delta_ns"]), row["name"]))
+    total_a = sum(k["total_ns_a"] for k in kernels) // per_a
+    total_b = sum(k["total_ns_b"] for k in kernels) // per_b
+    per = "step" if steps_a else "run (the baseline has no steps)"
+    if not total_b:
+        summary = "no GPU kernels in the captured steps (a CPU profile): nothing to compare with the baseline"
+    else:
+        change = f" ({100 * (total_b - total_a) / total_a:+.1f} %)" if total_a else ""
+        summary = (f"kernel time per step {duration(total_b)} against {duration(total_a)} per {per} of baseline "
+                   f"{baseline!r}{change}; most changed: {rows[0]['name'][:120]} "
+                   f"({'+' if rows[0]['delta_ns'] >= 0 else '-'}{duration(abs(rows[0]['delta_ns']))})")  # fmt: skip
+    return {"summary": summary, "baseline": baseline, "steps_a": steps_a, "steps_b": steps_b,
+            "total_ns_a": total_a, "total_ns_b": total_b, "kernels": rows[:COMPARED_KERNELS]}  # fmt: skip
 
 
 class RuleError(ValueError):
@@ -159,18 +188,21 @@ class _Window:
 
 
 Ask = Callable[[str, int, str, str], None]  # (run_id, steps, reason, requested_by): a capture request
+Keep = Callable[[CaptureRecord, str, str], None]  # (request, session, comparison JSON): kept with the capture
+COMPARED_KERNELS = 20
 
 
 class RuleEngine:
     """Watches the samples that writes store (`observe`, on the write's thread: a filter and a queue
     put) and, on a thread of its own, keeps the windows and asks for captures (`ask`)."""
 
-    def __init__(self, store: Any, rules: Sequence[Rule], ask: Ask) -> None:
+    def __init__(self, store: Any, rules: Sequence[Rule], ask: Ask, keep: Keep | None = None) -> None:
         self.store = store
         self.rules = list(rules)
         self.ask = ask
+        self.keep = keep
         self.metrics = pa.array(sorted({rule.metric for rule in self.rules}), pa.string())
-        self._queue: queue.Queue[pa.Table | None] = queue.Queue(QUEUED_BATCHES)
+        self._queue: queue.Queue[pa.Table | tuple[CaptureRecord, Report] | None] = queue.Queue(QUEUED_BATCHES)
         self._windows: dict[tuple[str, str, int], _Window] = {}
         self._baselines: dict[str, float | None] = {}
         self._asked: dict[tuple[str, str], int] = {}  # (rule, run): when this rule last asked
@@ -192,16 +224,30 @@ class RuleEngine:
             except queue.Full:
                 log.warning("capture rules are behind: %d samples not looked at", wanted.num_rows)
 
+    def imported(self, request: CaptureRecord, report: Report) -> None:
+        """A process imported its profile: a rule's capture with a baseline is compared with it (later)."""
+        rule = self._rule_of(request)
+        if rule is not None and rule.baseline and self.keep is not None:
+            self._queue.put((request, report))
+
+    def _rule_of(self, request: CaptureRecord) -> Rule | None:
+        name = request.requested_by.removeprefix("rule ")
+        return next((r for r in self.rules if request.requested_by.startswith("rule ") and r.name == name), None)
+
     def drain(self) -> None:
         """Wait until what was observed so far has been looked at (for tests)."""
         self._queue.join()
 
     def _work(self) -> None:
-        while (samples := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
             try:
-                self._look(samples)
+                if isinstance(item, tuple):
+                    self._compare(*item)
+                else:
+                    self._look(item)
             except Exception:
-                log.exception("capture rules: samples not looked at")
+                log.exception("capture rules: %s", "no comparison made" if isinstance(item, tuple) else
+                              "samples not looked at")  # fmt: skip
             finally:
                 self._queue.task_done()
         self._queue.task_done()
@@ -252,6 +298,46 @@ class RuleEngine:
             self._asked[(rule.name, run_id)] = now
             self.fired += 1
             log.info("capture rule %s asked run %s for %d steps: %s", rule.name, run_id, rule.steps, reason)
+
+    def _compare(self, request: CaptureRecord, report: Report) -> None:
+        """Kernel time per step of the captured steps (this process's GPU work since the request) against
+        the baseline run's (per step where it has steps), each kernel's and in all; kept with the capture."""
+        rule = self._rule_of(request)
+        if rule is None or self.keep is None:
+            return
+        pid = int(report.session.rsplit(".", 1)[1])
+        captured = max(1, report.last_step - report.first_step + 1)
+        sql = (
+            "SELECT name, sumIf(d, side = 'a') AS total_ns_a, sumIf(d, side = 'b') AS total_ns_b FROM ("
+            "SELECT 'a' AS side, name, toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS d FROM {db}.events "
+            "WHERE run_id = {baseline:String} AND kind = 'kernel' UNION ALL "
+            "SELECT 'b', name, toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) FROM {db}.events "
+            "WHERE run_id = {run:String} AND kind = 'kernel' AND pid = {pid:UInt32} "
+            "AND start >= fromUnixTimestamp64Nano({since:Int64}) AND start < fromUnixTimestamp64Nano({until:Int64})"
+            ") GROUP BY name"
+        )
+        baseline = self._baseline_run(rule)
+        if baseline is None:
+            return
+        parameters = {"baseline": baseline, "run": request.run_id, "pid": pid, "since": request.requested_ns,
+                      "until": report.at_ns}  # fmt: skip
+        kernels = self.store.query(sql, parameters).to_pylist()
+        steps_a = (
+            self.store.query(
+                "SELECT count() AS n FROM {db}.events WHERE run_id = {baseline:String} AND kind = 'step'", parameters
+            )
+            .column("n")[0]
+            .as_py()
+        )
+        self.keep(request, report.session, json.dumps(compared(kernels, baseline, int(steps_a), captured)))
+
+    def _baseline_run(self, rule: Rule) -> str | None:
+        rows = self.store.query(
+            "SELECT run_id FROM {db}.runs FINAL WHERE run_id = {run:String} OR name = {run:String} "
+            "ORDER BY run_id = {run:String} DESC, start DESC LIMIT 1",
+            {"run": rule.baseline},
+        ).to_pylist()
+        return str(rows[0]["run_id"]) if rows else None
 
     def _running(self, host: str) -> list[tuple[str, str]]:
         rows = self.store.query(

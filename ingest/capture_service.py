@@ -9,6 +9,7 @@ import logging
 import math
 import secrets
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -54,6 +55,7 @@ SCHEMA = pa.schema(
         ("state", pa.string()),
         ("trace_bytes", pa.uint64()),
         ("events", pa.uint64()),
+        ("comparison", pa.string()),
     ]
 )
 _COLUMNS = ", ".join("toUnixTimestamp64Nano(at)" if name == "at" else name for name in SCHEMA.names)
@@ -62,7 +64,7 @@ _COLUMNS = ", ".join("toUnixTimestamp64Nano(at)" if name == "at" else name for n
 def _row(**values: Any) -> pa.Table:
     defaults: dict[str, Any] = {"requested_by": "", "reason": "", "first_step": -1, "last_step": -1, "steps": 0,
                                 "seconds": 0.0, "ranks": [], "session": "", "rank": 0, "host": "", "state": "",
-                                "trace_bytes": 0, "events": 0}  # fmt: skip
+                                "trace_bytes": 0, "events": 0, "comparison": ""}  # fmt: skip
     row = {**defaults, **values}
     return pa.table({name: [row[name]] for name in SCHEMA.names}, schema=SCHEMA)
 
@@ -71,10 +73,13 @@ def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
     """Requests and their reports from rows of `captures` (in _COLUMNS order)."""
     requests: dict[str, CaptureRecord] = {}
     reports: list[tuple[str, Report]] = []
+    comparisons: list[tuple[str, str, str]] = []
     for values in rows.to_pylist():
         (request_id, run_id, record, at, requested_by, reason, first, last, steps, seconds, ranks,
-         session, rank, host, state, trace_bytes, events) = values.values()  # fmt: skip
-        if record == "request":
+         session, rank, host, state, trace_bytes, events, comparison) = values.values()  # fmt: skip
+        if record == "comparison":
+            comparisons.append((request_id, session, comparison))
+        elif record == "request":
             requests[request_id] = CaptureRecord(request_id, run_id, at, requested_by, reason, first, steps, seconds,
                                            tuple(ranks))  # fmt: skip
         else:
@@ -84,6 +89,9 @@ def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
     for request_id, report in reports:
         if request_id in requests:
             requests[request_id].reports.append(report)
+    for request_id, session, comparison in comparisons:
+        if request_id in requests:
+            requests[request_id].comparisons[session] = comparison
     return requests
 
 
@@ -143,6 +151,11 @@ class CaptureBoard:
                 self._requests[request_id].reports.append(report)
             self._reopen()
 
+    def add_comparison(self, request_id: str, session: str, comparison: str) -> None:
+        with self._lock:
+            if request_id in self._requests:
+                self._requests[request_id].comparisons[session] = comparison
+
     def open_request(self, run_id: str) -> CaptureRecord | None:
         now = now_ns()
         with self._lock:
@@ -177,6 +190,7 @@ def state_message(request: CaptureRecord, now: int) -> capture_pb2.CaptureState:
             trace_bytes=r.trace_bytes,
             events=r.events,
             reason=r.reason,
+            comparison=request.comparisons.get(r.session, ""),
         )
         for r in sorted(request.latest_by_session().values(), key=lambda r: (r.rank, r.session))
     ]
@@ -193,6 +207,8 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         self.store = store
         self.board = board
         self._asking = threading.Lock()  # one request at a time: two at once both saw none under way
+        # told of each import a process reports (the rules compare a rule's capture with its baseline)
+        self.on_imported: Callable[[CaptureRecord, Report], None] | None = None
 
     def Request(self, request: capture_pb2.CaptureRequest, context: Any) -> capture_pb2.CaptureState:
         grant = CALLER.get()
@@ -294,7 +310,16 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
             host=report.host, state=report.state, trace_bytes=report.trace_bytes, events=report.events,
         ))  # fmt: skip
         self.board.add_report(request.request_id, report)
+        if report.state == "imported" and self.on_imported is not None:
+            self.on_imported(known, report)
         return capture_pb2.CaptureReportResponse()
+
+    def add_comparison(self, request: CaptureRecord, session: str, comparison: str) -> None:
+        self.store.append("captures", _row(
+            request_id=request.request_id, run_id=request.run_id, record="comparison", at=now_ns(), session=session,
+            comparison=comparison,
+        ))  # fmt: skip
+        self.board.add_comparison(request.request_id, session, comparison)
 
     def List(self, request: capture_pb2.CaptureListRequest, context: Any) -> capture_pb2.CaptureList:
         limit = request.limit or 100

@@ -97,6 +97,7 @@ class CaptureRecord:
     seconds: float
     ranks: tuple[int, ...]
     reports: list[Report] = field(default_factory=list)
+    comparisons: dict[str, str] = field(default_factory=dict)  # per session: against the rule's baseline, JSON
 
     def latest_by_session(self) -> dict[str, Report]:
         latest: dict[str, Report] = {}

@@ -186,7 +186,7 @@ CAPTURES = Table(
     """
     request_id String,
     run_id String,
-    record LowCardinality(String) COMMENT 'request: what a person asked; report: what a process of the run did',
+    record LowCardinality(String) COMMENT 'request: what was asked; report: what a process did; comparison',
     at DateTime64(9, 'UTC'),
     requested_by String COMMENT 'request: the caller (peer, and its token''s bounds)',
     reason String COMMENT 'request: why it was asked; report: why it failed',
@@ -200,7 +200,8 @@ CAPTURES = Table(
     host String,
     state LowCardinality(String) COMMENT 'report: taken, capturing, imported or failed',
     trace_bytes UInt64,
-    events UInt64 COMMENT 'report: rows of the profile imported into the run'
+    events UInt64 COMMENT 'report: rows of the profile imported into the run',
+    comparison String COMMENT 'comparison: the captured steps against the rule''s baseline run, as JSON'
 """,
     "MergeTree",
     order_by="(run_id, request_id, at)",

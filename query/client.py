@@ -7,6 +7,7 @@ the epoch, ISO-8601 text, `now-5m`, or datetime/Timestamp objects.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -388,7 +389,7 @@ def _capture_dict(state: capture_pb2.CaptureState) -> dict[str, Any]:
         "outcomes": [
             {"session": o.session, "rank": o.rank, "host": o.host, "state": o.state, "at_ns": o.at_ns,
              "first_step": o.first_step, "last_step": o.last_step, "trace_bytes": o.trace_bytes,
-             "events": o.events, "reason": o.reason}
+             "events": o.events, "reason": o.reason, "comparison": json.loads(o.comparison) if o.comparison else None}
             for o in state.outcomes
         ],
     }  # fmt: skip
@@ -423,7 +424,7 @@ def captures_frame(captures: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             )
     frame = pd.DataFrame(rows, columns=[
         "request_id", "run_id", "requested_ns", "requested_by", "state", "asked", "reason", "rank", "host", "outcome",
-        "steps", "trace_bytes", "events", "why",
+        "steps", "trace_bytes", "events", "why", "vs_baseline",
     ])  # fmt: skip
     for column in ("rank", "trace_bytes", "events"):
         frame[column] = frame[column].astype("Int64")

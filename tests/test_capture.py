@@ -463,3 +463,55 @@ def test_serve_refuses_a_bad_rule_file_before_it_starts(tmp_path: Path, capsys: 
                    "--capture-rule", str(rules)])  # fmt: skip
     assert status == 2
     assert f"--capture-rule {rules}: rule 1 (a): 'every': 'often' is not a duration" in capsys.readouterr().err
+
+
+def test_a_rules_capture_is_compared_with_its_baseline_once_imported(
+    ruled: tuple[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    address, server = ruled
+    host, now = socket.gethostname(), time.time_ns()
+    baseline = BatchBuilder("baseline-run/k", run_id="baseline-run", host="base")
+    baseline.add_events("step", [now - 50 * S, now - 49 * S], [now - 49 * S, now - 48 * S], "step")
+    baseline.add_events("kernel", [now - 50 * S, now - 49 * S], [now - 50 * S + 4 * MS, now - 49 * S + 4 * MS],
+                        "gemm", gpu=0, stream=7)  # fmt: skip
+    loop = Loop(address, tmp_path, "plain-loop")
+    try:
+        with Client(address) as client, open_channel(address) as channel:
+            ingest = ingest_pb2_grpc.IngestStub(channel)
+            ingest.Write(request(BatchBuilder("baseline-run/d").add_run(
+                run_id="baseline-run", name="baseline-run", host="base", source="agent", start=now - 60 * S,
+                end=now - 10 * S)), timeout=30)  # fmt: skip
+            ingest.Write(request(baseline), timeout=30)
+            ingest.Write(util_samples("base", 80.0, 20, now - 20 * S, "baseline-run"), timeout=30)
+            wait_for(lambda: steps_stored(client, loop.run_id))
+            ingest.Write(util_samples(host, 50.0, 3, time.time_ns()), timeout=30)
+            server.rules.drain()
+            [asked] = client.capture_list(loop.run_id)
+            outcome = wait_for(lambda: next((o for o in client.capture_state(asked["request_id"], loop.run_id)
+                                             ["outcomes"] if o["comparison"]), None))  # fmt: skip
+            assert outcome["state"] == "imported"
+            assert outcome["comparison"]["steps_a"] == 2 and outcome["comparison"]["total_ns_a"] == 4 * MS
+            assert outcome["comparison"]["summary"].startswith("no GPU kernels in the captured steps")
+            assert main(["captures", "--run", loop.run_id, "--server", address]) == 0
+            assert "vs baseline" in capsys.readouterr().out
+    finally:
+        loop.stop()
+
+
+def test_the_comparison_is_per_step_and_names_what_changed_most() -> None:
+    from ingest.capture_rules import compared
+
+    kernels = [{"name": "gemm", "total_ns_a": 40 * MS, "total_ns_b": 30 * MS},
+               {"name": "softmax", "total_ns_a": 10 * MS, "total_ns_b": 12 * MS},
+               {"name": "new_kernel", "total_ns_a": 0, "total_ns_b": 3 * MS}]  # fmt: skip
+    answer = compared(kernels, "good-run", steps_a=10, steps_b=5)  # per step: A 5 ms, B 9 ms
+    assert (answer["total_ns_a"], answer["total_ns_b"]) == (5 * MS, 9 * MS)
+    assert [k["name"] for k in answer["kernels"]] == ["gemm", "softmax", "new_kernel"]  # 2 ms, 1.4 ms, 0.6 ms
+    assert answer["kernels"][0] == {"name": "gemm", "per_step_ns_a": 4 * MS, "per_step_ns_b": 6 * MS,
+                                    "delta_ns": 2 * MS}  # fmt: skip
+    assert answer["summary"] == ("kernel time per step 9 ms against 5 ms per step of baseline 'good-run' "
+                                 "(+80.0 %); most changed: gemm (+2 ms)")  # fmt: skip
+    per_run = compared(kernels, "nsys-run", 0, 5)["summary"]
+    assert per_run.startswith("kernel time per step 9 ms against 50 ms per run (the baseline has no steps)")

@@ -219,7 +219,8 @@ def create_server(
         def ask(run_id: str, steps: int, reason: str, requested_by: str) -> None:
             capture_service.ask(run_id, Asked(steps, 0.0, (), reason), requested_by)
 
-        rules = RuleEngine(store, capture_rules, ask)
+        rules = RuleEngine(store, capture_rules, ask, capture_service.add_comparison)
+        capture_service.on_imported = rules.imported
     ingest_service = IngestService(store, group_commit, admission, captures, rules)
     add_service(server, INGEST, ingest_service, limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)

@@ -89,7 +89,7 @@ class CaptureListRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class CaptureOutcome(_message.Message):
-    __slots__ = ("session", "rank", "host", "state", "at_ns", "first_step", "last_step", "trace_bytes", "events", "reason")
+    __slots__ = ("session", "rank", "host", "state", "at_ns", "first_step", "last_step", "trace_bytes", "events", "reason", "comparison")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class CaptureOutcome(_message.Message):
     TRACE_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    COMPARISON_FIELD_NUMBER: _ClassVar[int]
     session: str
     rank: int
     host: str
@@ -110,7 +111,8 @@ class CaptureOutcome(_message.Message):
     trace_bytes: int
     events: int
     reason: str
-    def __init__(self, session: _Optional[str] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., at_ns: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., trace_bytes: _Optional[int] = ..., events: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    comparison: str
+    def __init__(self, session: _Optional[str] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., at_ns: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., trace_bytes: _Optional[int] = ..., events: _Optional[int] = ..., reason: _Optional[str] = ..., comparison: _Optional[str] = ...) -> None: ...
 
 class CaptureState(_message.Message):
     __slots__ = ("request_id", "run_id", "requested_ns", "requested_by", "reason", "first_step", "steps", "seconds", "ranks", "state", "outcomes")
