@@ -45,6 +45,8 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RULE_KEYS = frozenset({"name", "metric", "below", "above", "baseline", "phase", "for", "steps", "every", "runs"})
 MAX_RULES = 100
 QUEUED_BATCHES = 1000  # past this, samples wait for nobody: a rule misses them, the writes never wait
+RETRY_NS = 10_000_000_000  # after asking a host's runs (or being refused), the rule looks at that host again after this
+BASELINE_RETRY_NS = 60_000_000_000  # a baseline without samples is read again after this
 
 
 def compared(kernels: Sequence[dict[str, Any]], baseline: str, steps_a: int, steps_b: int) -> dict[str, Any]:
@@ -204,8 +206,9 @@ class RuleEngine:
         self.metrics = pa.array(sorted({rule.metric for rule in self.rules}), pa.string())
         self._queue: queue.Queue[pa.Table | tuple[CaptureRecord, Report] | None] = queue.Queue(QUEUED_BATCHES)
         self._windows: dict[tuple[str, str, int], _Window] = {}
-        self._baselines: dict[str, float | None] = {}
+        self._baselines: dict[str, tuple[float | None, int]] = {}  # the mean, and when it was read
         self._asked: dict[tuple[str, str], int] = {}  # (rule, run): when this rule last asked
+        self._tried: dict[tuple[str, str], int] = {}  # (rule, host): when this rule last asked its runs
         self._thread = threading.Thread(target=self._work, name="capture-rules", daemon=True)
         self.fired = 0
 
@@ -257,9 +260,11 @@ class RuleEngine:
         times = samples.column("ts").cast(pa.int64()).to_pylist()
         values = samples.column("value").to_pylist()
         touched: set[tuple[str, str, int]] = set()
+        now = now_ns()
         for rule in self.rules:
+            recent = now - 2 * rule.window_ns  # an import's or a replayed spool's old samples say nothing of now
             for host, gpu, metric, ts, value in zip(*columns, times, values, strict=True):
-                if metric == rule.metric:
+                if metric == rule.metric and ts >= recent:
                     key = (rule.name, host, gpu)
                     window = self._windows.get(key)
                     if window is None:
@@ -281,10 +286,13 @@ class RuleEngine:
         threshold = rule.limit * base if base is not None else rule.limit
         if (mean >= threshold) if rule.below else (mean <= threshold):
             return
+        now = now_ns()
+        if now - self._tried.get((rule.name, host), -RETRY_NS) < RETRY_NS:
+            return
+        self._tried[(rule.name, host)] = now
         seconds = rule.window_ns / 1e9
         reason = (f"rule {rule.name}: {rule.metric} averaged {mean:.4g} over {seconds:g} s on {host} GPU {gpu}, "
                   f"{rule.describe(threshold, base)}")  # fmt: skip
-        now = now_ns()
         for run_id, name in self._running(host):
             if rule.runs and not fnmatch.fnmatchcase(name, rule.runs):
                 continue
@@ -334,7 +342,7 @@ class RuleEngine:
     def _baseline_run(self, rule: Rule) -> str | None:
         rows = self.store.query(
             "SELECT run_id FROM {db}.runs FINAL WHERE run_id = {run:String} OR name = {run:String} "
-            "ORDER BY run_id = {run:String} DESC, start DESC LIMIT 1",
+            "ORDER BY run_id = {run:String} DESC, end IS NULL, start DESC LIMIT 1",
             {"run": rule.baseline},
         ).to_pylist()
         return str(rows[0]["run_id"]) if rows else None
@@ -351,18 +359,22 @@ class RuleEngine:
         """The baseline run's mean of the metric on its host during the run (or inside its instances of
         the phase), read once; None (said once) when it has none."""
         key = f"{rule.baseline}\0{rule.metric}\0{rule.phase}"
-        if key not in self._baselines:
-            self._baselines[key] = self._baseline_mean(rule)
-            if self._baselines[key] is None:
-                log.warning("capture rule %s: run %r has no %s samples%s: the rule waits", rule.name, rule.baseline,
-                            rule.metric, f" inside phase {rule.phase!r}" if rule.phase else "")  # fmt: skip
-        return self._baselines[key]
+        mean, read = self._baselines.get(key, (None, -BASELINE_RETRY_NS))
+        now = now_ns()
+        if mean is None and now - read >= BASELINE_RETRY_NS:
+            mean = self._baseline_mean(rule)
+            self._baselines[key] = (mean, now)
+            if mean is None:
+                log.warning("capture rule %s: run %r has no %s samples%s: the rule waits (reads it again in a minute)",
+                            rule.name, rule.baseline, rule.metric,
+                            f" inside phase {rule.phase!r}" if rule.phase else "")  # fmt: skip
+        return mean
 
     def _baseline_mean(self, rule: Rule) -> float | None:
         runs = self.store.query(
             "SELECT run_id, host, start, coalesce(end, now64(9)) AS end FROM {db}.runs FINAL "
-            "WHERE run_id = {run:String} OR name = {run:String} ORDER BY run_id = {run:String} DESC, start DESC "
-            "LIMIT 1",
+            "WHERE run_id = {run:String} OR name = {run:String} "
+            "ORDER BY run_id = {run:String} DESC, end IS NULL, start DESC LIMIT 1",  # a name: its latest ended run
             {"run": rule.baseline},
         ).to_pylist()
         if not runs:

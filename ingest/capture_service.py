@@ -9,12 +9,15 @@ import logging
 import math
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 from ingest.captures import (
+    MAX_RANKS,
+    MAX_STEPS,
     Asked,
     CaptureRecord,
     CaptureRefused,
@@ -80,8 +83,8 @@ def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
         if record == "comparison":
             comparisons.append((request_id, session, comparison))
         elif record == "request":
-            requests[request_id] = CaptureRecord(request_id, run_id, at, requested_by, reason, first, steps, seconds,
-                                           tuple(ranks))  # fmt: skip
+            requests[request_id] = CaptureRecord(request_id, run_id, host, at, requested_by, reason, first, steps,
+                                                 seconds, tuple(ranks))  # fmt: skip
         else:
             reports.append(
                 (request_id, Report(session, rank, host, state, at, first, last, trace_bytes, events, reason))
@@ -105,6 +108,7 @@ class CaptureBoard:
         self._open_runs: frozenset[str] = frozenset()
         self._stop = threading.Event()
         self._refresh_s = refresh_s
+        self._refreshed_at = 0.0
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -127,18 +131,29 @@ class CaptureBoard:
                 log.debug("capture board not refreshed: %s", error)
 
     def refresh(self) -> None:
+        since = now_ns() - KEPT_NS
         rows = self.store.query(
             f"SELECT {_COLUMNS} FROM {{db}}.captures WHERE at > fromUnixTimestamp64Nano({{since:Int64}}) ORDER BY at",
-            {"since": now_ns() - KEPT_NS},
+            {"since": since},
         )
         found = _requests(rows)
-        with self._lock:
+        self._refreshed_at = time.monotonic()
+        with self._lock:  # what this server added while the query ran is kept
+            for request_id, known in self._requests.items():
+                stored = found.get(request_id)
+                if stored is None:
+                    if known.requested_ns > since:
+                        found[request_id] = known
+                    continue
+                seen = {(r.session, r.state, r.at_ns) for r in stored.reports}
+                stored.reports += [r for r in known.reports if (r.session, r.state, r.at_ns) not in seen]
+                stored.comparisons = {**known.comparisons, **stored.comparisons}
             self._requests = found
             self._reopen()
 
     def _reopen(self) -> None:
         now = now_ns()
-        self._open_runs = frozenset(r.run_id for r in self._requests.values() if r.open(now))
+        self._open_runs = frozenset(r.run_id for r in self._requests.values() if r.takable(now))
 
     def add(self, request: CaptureRecord) -> None:
         with self._lock:
@@ -167,8 +182,15 @@ class CaptureBoard:
             return [r for r in self._requests.values() if r.run_id == run_id and r.order_for(session, rank, now)]
 
     def get(self, request_id: str) -> CaptureRecord | None:
+        """The request, read from the store again when this server does not know it yet (another server
+        of the store took it moments ago)."""
         with self._lock:
-            return self._requests.get(request_id)
+            known = self._requests.get(request_id)
+        if known is None and time.monotonic() - self._refreshed_at >= self._refresh_s:
+            self.refresh()
+            with self._lock:
+                known = self._requests.get(request_id)
+        return known
 
 
 def caller(grant: Grant, context: Any) -> str:
@@ -227,12 +249,13 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
             first, typical = start_step(self._recent_steps(run_id, host), now)
             steps = asked.steps
             if asked.seconds and typical:
-                steps = max(1, math.ceil(asked.seconds * 1e9 / typical))
-            made = CaptureRecord(f"cap-{now:x}-{secrets.token_hex(3)}", run_id, now, requested_by, asked.reason,
+                steps = min(MAX_STEPS, max(1, math.ceil(asked.seconds * 1e9 / typical)))
+            made = CaptureRecord(f"cap-{now:x}-{secrets.token_hex(3)}", run_id, host, now, requested_by, asked.reason,
                            first, steps, asked.seconds, asked.ranks)  # fmt: skip
             self.store.append("captures", _row(
                 request_id=made.request_id, run_id=run_id, record="request", at=now, requested_by=requested_by,
-                reason=made.reason, first_step=first, steps=steps, seconds=asked.seconds, ranks=list(asked.ranks),
+                host=host, reason=made.reason, first_step=first, steps=steps, seconds=asked.seconds,
+                ranks=list(asked.ranks),
             ))  # fmt: skip
             self.board.add(made)
         log.info("capture %s of run %s asked by %s", made.request_id, run_id, requested_by)
@@ -240,22 +263,26 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
 
     def _capturable(self, run: str, grant: Grant) -> tuple[str, str]:
         """The run (an id, else the name of one running run) and its host, once it is found to be a
-        running process of the training API with no capture under way."""
+        running process of the training API that the caller may write, with no capture under way. A
+        run outside the caller's bounds is answered as one that does not exist."""
         rows = self.store.query(
             "SELECT run_id, source, host, end IS NULL AS running FROM {db}.runs FINAL "
             "WHERE run_id = {run:String} OR name = {run:String} ORDER BY run_id = {run:String} DESC, start DESC "
-            "LIMIT 6",
+            "LIMIT 1000",
             {"run": run},
         ).to_pylist()
-        if rows and rows[0]["run_id"] == run:
-            _run_id(run, grant)
-        elif rows:  # a name: the one running run of the training API so named that the token may write
-            rows = [
-                row for row in rows if row["running"] and row["source"] == "user" and grant.allows_run(row["run_id"])
-            ]
+        rows = [r for r in rows if grant.allows_run(r["run_id"]) and grant.allows_host(r["host"])]
+        if rows and rows[0]["run_id"] != run:  # a name: the one running run of the training API so named
+            named = len(rows)
+            rows = [r for r in rows if r["running"] and r["source"] == "user"]
             if len(rows) > 1:
-                shown = ", ".join(row["run_id"] for row in rows[:5])
+                shown = ", ".join(r["run_id"] for r in rows[:5])
                 raise QueryError("run_id", f"{len(rows)} running runs are named {run!r}: give the id of one ({shown})")
+            if not rows:
+                raise CaptureRefused(
+                    f"no running run of the training API is named {run!r} ({named} runs are, ended or not from "
+                    "tracehouse.run): only a running process can be captured"
+                )
         if not rows:
             raise RunNotFound(f"run_id: no run {run!r} (`tracehouse query runs` lists them)")
         run_id, source, host, running = rows[0].values()
@@ -285,22 +312,29 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         return [tuple(row.values()) for row in rows.to_pylist()]
 
     def Poll(self, request: capture_pb2.CapturePoll, context: Any) -> capture_pb2.CaptureOrders:
-        run_id = _run_id(request.run_id, CALLER.get())
+        grant = CALLER.get()
+        run_id = _run_id(request.run_id, grant)
         return capture_pb2.CaptureOrders(
             orders=[
                 capture_pb2.CaptureOrder(
                     request_id=r.request_id, first_step=r.first_step, steps=r.steps, seconds=r.seconds
                 )
                 for r in self.board.orders(run_id, request.session, request.rank)
+                if grant.allows_host(r.host)
             ]
         )
 
     def Report(self, request: capture_pb2.CaptureReport, context: Any) -> capture_pb2.CaptureReportResponse:
-        run_id = _run_id(request.run_id, CALLER.get())
+        grant = CALLER.get()
+        run_id = _run_id(request.run_id, grant)
         check_report(request.state, request.session, request.first_step, request.last_step, request.reason)
         known = self.board.get(request.request_id)
-        if known is None or known.run_id != run_id:
+        if known is None or known.run_id != run_id or not grant.allows_host(known.host):
             raise RunNotFound(f"request_id: no capture {request.request_id[:64]!r} of run {run_id!r}")
+        if known.knows(request.session, request.state):
+            return capture_pb2.CaptureReportResponse()  # said before: a retry
+        if len({r.session for r in known.reports} | {request.session}) > MAX_RANKS:
+            raise QueryError("session", f"more than {MAX_RANKS} processes reported on capture {known.request_id}")
         now = now_ns()
         report = Report(request.session, request.rank, request.host[:256], request.state, now, request.first_step,
                         request.last_step, request.trace_bytes, request.events, request.reason)  # fmt: skip
@@ -325,7 +359,11 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         limit = request.limit or 100
         if limit > 10_000:
             raise QueryError("limit", f"{limit}; at most 10000")
-        where = "run_id = {run:String} AND " if request.run_id else ""
+        where = (
+            "run_id IN (SELECT run_id FROM {db}.runs FINAL WHERE run_id = {run:String} OR name = {run:String}) AND "
+            if request.run_id
+            else ""
+        )
         rows = self.store.query(
             f"SELECT {_COLUMNS} FROM {{db}}.captures WHERE request_id IN (SELECT request_id FROM {{db}}.captures "
             f"WHERE {where}record = 'request' ORDER BY at DESC LIMIT {{limit:UInt32}}) ORDER BY at",
@@ -334,6 +372,14 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         now = now_ns()
         found = sorted(_requests(rows).values(), key=lambda r: r.requested_ns, reverse=True)
         return capture_pb2.CaptureList(captures=[state_message(r, now) for r in found])
+
+    def State(self, request: capture_pb2.CaptureStateRequest, context: Any) -> capture_pb2.CaptureState:
+        grant = CALLER.get()
+        run_id = _run_id(request.run_id, grant)
+        known = self.board.get(request.request_id)
+        if known is None or known.run_id != run_id or not grant.allows_host(known.host):
+            raise RunNotFound(f"request_id: no capture {request.request_id[:64]!r} of run {run_id!r}")
+        return state_message(known, now_ns())
 
 
 def _run_id(run_id: str, grant: Grant) -> str:

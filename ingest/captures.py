@@ -19,7 +19,8 @@ MAX_TEXT = 1024
 # from the request until its processes hear of it (a write's answer, then Poll) and a step begins
 LEAD_NS = 3_000_000_000
 TAKE_WITHIN_NS = 60_000_000_000  # a process that has not taken a request by then never gets it
-FINISH_WITHIN_NS = 30 * 60_000_000_000  # a process silent this long after taking it is given up on
+ARMED_WITHIN_NS = 150_000_000_000  # a process that took it and has not started by then is given up on
+FINISH_WITHIN_NS = 30 * 60_000_000_000  # a process capturing this long without a word is given up on
 REPORT_STATES = ("taken", "capturing", "imported", "failed")
 FINAL_STATES = ("imported", "failed")
 SESSION = re.compile(r"[0-9a-f]{1,24}\.[0-9]{1,10}")
@@ -64,7 +65,7 @@ def start_step(steps_seen: Sequence[tuple[int, int, int]], now_ns: int) -> tuple
         return -1, 0
     lengths = sorted(end - start for _, start, end in steps_seen if end > start)
     typical = lengths[len(lengths) // 2] if lengths else 0
-    latest, _, latest_end = max(steps_seen, key=lambda seen: (seen[0], seen[2]))
+    latest, _, latest_end = max(steps_seen, key=lambda seen: (seen[2], seen[0]))  # by time: numbers may start over
     if typical <= 0:
         return latest + 2, 0
     ahead = max(0, now_ns + LEAD_NS - latest_end)
@@ -89,6 +90,7 @@ class Report:
 class CaptureRecord:
     request_id: str
     run_id: str
+    host: str
     requested_ns: int
     requested_by: str
     reason: str
@@ -111,11 +113,22 @@ class CaptureRecord:
         takable = now_ns - self.requested_ns < TAKE_WITHIN_NS
         if not latest:
             return "asked" if takable else "expired"
-        working = [r for r in latest.values() if r.state not in FINAL_STATES and now_ns - r.at_ns < FINISH_WITHIN_NS]
+        working = [
+            r for r in latest.values()
+            if (r.state == "taken" and now_ns - r.at_ns < ARMED_WITHIN_NS)
+            or (r.state == "capturing" and now_ns - r.at_ns < FINISH_WITHIN_NS)
+        ]  # fmt: skip
         return "under way" if working else "done"
 
     def open(self, now_ns: int) -> bool:
         return self.state(now_ns) in ("asked", "under way")
+
+    def takable(self, now_ns: int) -> bool:
+        """Whether processes of the run may still take it (their writes' answers say so)."""
+        return now_ns - self.requested_ns < TAKE_WITHIN_NS and self.open(now_ns)
+
+    def knows(self, session: str, state: str) -> bool:
+        return any(r.session == session and r.state == state for r in self.reports)
 
     def order_for(self, session: str, rank: int, now_ns: int) -> bool:
         """Whether a process polling now is to take it: within the time to take it, its rank
@@ -130,8 +143,8 @@ def check_report(state: str, session: str, first_step: int, last_step: int, reas
         raise QueryError("state", f"{state!r}: one of {', '.join(REPORT_STATES)}")
     if not SESSION.fullmatch(session):
         raise QueryError("session", f"{session[:64]!r} is not a session (STARTHEX.PID)")
-    if first_step < -1 or last_step < -1 or (last_step >= 0 and last_step < first_step):
-        raise QueryError("last_step", f"steps {first_step}..{last_step} are not a range")
+    if first_step < -1 or last_step < -1:  # no order between them: a loop's numbers may start over
+        raise QueryError("first_step" if first_step < -1 else "last_step", "a step number, or -1 for none")
     if len(reason.encode()) > MAX_TEXT:
         raise QueryError("reason", f"{len(reason.encode())} bytes; at most {MAX_TEXT}")
 

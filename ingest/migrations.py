@@ -205,6 +205,8 @@ CAPTURES = Table(
 """,
     "MergeTree",
     order_by="(run_id, request_id, at)",
+    partition_by="toYYYYMM(at)",
+    ttl="toDateTime(at) + INTERVAL 400 DAY",
     comment="captures on demand: each request and what the run's processes reported of it",
     shard_key="cityHash64(run_id)",
 )

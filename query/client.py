@@ -375,10 +375,9 @@ class Client:
         return [_capture_dict(state) for state in answer.captures]
 
     def capture_state(self, request_id: str, run: str) -> dict[str, Any]:
-        found = [c for c in self.capture_list(run, 10_000) if c["request_id"] == request_id]
-        if not found:
-            raise QueryFailed(grpc.StatusCode.NOT_FOUND, f"no capture {request_id!r} of run {run!r}")
-        return found[0]
+        """One request, as `capture` answered it, now; needs the same token as asking (write)."""
+        request = capture_pb2.CaptureStateRequest(request_id=request_id, run_id=run)
+        return _capture_dict(self._call("State", request, self._captures))
 
 
 def _capture_dict(state: capture_pb2.CaptureState) -> dict[str, Any]:
@@ -423,8 +422,8 @@ def captures_frame(captures: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 }
             )
     frame = pd.DataFrame(rows, columns=[
-        "request_id", "run_id", "requested_ns", "requested_by", "state", "asked", "reason", "rank", "host", "outcome",
-        "steps", "trace_bytes", "events", "why", "vs_baseline",
+        "request_id", "run_id", "state", "asked", "outcome", "steps", "rank", "host", "trace_bytes", "events", "why",
+        "vs_baseline", "reason", "requested_ns", "requested_by",
     ])  # fmt: skip
     for column in ("rank", "trace_bytes", "events"):
         frame[column] = frame[column].astype("Int64")

@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--spool", type=Path, required=True)
     parser.add_argument("--profiler", choices=("recording", "torch", "none-installed"), default="recording")
     parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--epoch", type=int, default=0, help="steps are numbered from 0 again every EPOCH steps")
     args = parser.parse_args()
     if args.profiler == "none-installed":
         sys.modules["torch"] = None  # type: ignore[assignment]  # as in an environment without torch
@@ -37,7 +38,7 @@ def main() -> None:
         deadline = time.monotonic() + 120
         i = 0
         while not args.stop.exists() and time.monotonic() < deadline:
-            tracehouse.step(i)
+            tracehouse.step(i % args.epoch if args.epoch else i)
             with tracehouse.phase("forward"):
                 work()
                 time.sleep(args.step_ms / 1000)

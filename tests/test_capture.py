@@ -103,7 +103,7 @@ def steps_stored(client: Client, run_id: str, at_least: int = 5) -> bool:
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
     status = main(list(argv))
     out, err = capsys.readouterr()
-    return status, json.loads(out) if out.strip() and status == 0 else None, err
+    return status, json.loads(out) if out.strip() else None, err
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -170,11 +170,27 @@ def test_a_process_without_torch_says_so(
     wait_for(lambda: steps_stored(client, loop.run_id))
     status, asked, err = cli_json(capsys, "capture", "--run", loop.run_id, "--wait", "60", "--format", "json",
                                   "--server", address)  # fmt: skip
-    assert status == 0, err
+    assert status == 1, err  # waited, and nothing was imported
     [outcome] = asked["outcomes"]
     assert asked["state"] == "done" and outcome["state"] == "failed"
     assert "torch is not installed" in outcome["reason"]
     assert client.events(kinds=["cpu_op"], run=loop.run_id).empty
+
+
+def test_step_numbers_that_start_over_each_epoch_are_counted_not_waited_for(
+    address: str, client: Client, loops: list[Loop], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = Loop(address, tmp_path, "cap-epochs", "--epoch", "20", "--step-ms", "20")  # 0..19, 0..19, ...
+    loops.append(loop)
+    wait_for(lambda: steps_stored(client, loop.run_id, 30))
+    status, asked, err = cli_json(capsys, "capture", "--run", loop.run_id, "--steps", "25", "--wait", "60",
+                                  "--format", "json", "--server", address)  # fmt: skip
+    assert status == 0, err
+    assert asked["first_step"] > 19  # planned from the pace; numbers never get there
+    [outcome] = asked["outcomes"]
+    assert outcome["state"] == "imported" and "started over" in outcome["reason"]
+    # 25 steps counted across an epoch's end: the last number is below the first
+    assert (outcome["first_step"] + 24) % 20 == outcome["last_step"]
 
 
 # -- refusals -------------------------------------------------------------------------------------
@@ -253,7 +269,8 @@ def test_refusals_name_the_reason_and_the_server_stays_up(
 
 def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits: Limits) -> None:
     ci, writer, reader = "ci-token-0123456789abcdefgh", "write-token-0123456789abcdef", "read-token-0123456789abcdef"
-    tokens = f"write {ci} runs=ci-\nwrite {writer}\nread {reader}\n"
+    gpu = "gpu-token-0123456789abcdefg"
+    tokens = f"write {ci} runs=ci-\nwrite {writer}\nread {reader}\nwrite {gpu} hosts=gpu-*\n"
     server = create_server(store, "127.0.0.1:0", limits, security=ServerSecurity(parse_tokens(tokens)))
     try:
         with open_channel(f"127.0.0.1:{server.port}") as channel:
@@ -267,9 +284,11 @@ def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits
                     run_id=run_id, name=run_id, host="h", source="user", start=time.time_ns()
                 )
                 ingest.Write(request(described), timeout=30, metadata=bearer(writer))
-            with pytest.raises(grpc.RpcError) as error:
-                stub.Request(capture_pb2.CaptureRequest(run_id="other-run"), timeout=10, metadata=bearer(ci))
-            assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            for run_id in ("other-run", "no-such-run"):  # outside its bounds is as good as not there: no oracle
+                with pytest.raises(grpc.RpcError) as error:
+                    stub.Request(capture_pb2.CaptureRequest(run_id=run_id), timeout=10, metadata=bearer(ci))
+                assert error.value.code() == grpc.StatusCode.NOT_FOUND
+                assert error.value.details() == f"run_id: no run {run_id!r} (`tracehouse query runs` lists them)"
             asked = stub.Request(capture_pb2.CaptureRequest(run_id="ci-run", steps=2), timeout=10, metadata=bearer(ci))
             assert asked.state == "asked" and "runs=ci-" in asked.requested_by and ci not in asked.requested_by
             with pytest.raises(grpc.RpcError) as error:
@@ -277,6 +296,27 @@ def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits
             assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
             listed = stub.List(capture_pb2.CaptureListRequest(run_id="ci-run"), timeout=10, metadata=bearer(reader))
             assert [c.request_id for c in listed.captures] == [asked.request_id]
+            # a writer bound to other hosts neither asks, nor hears, nor reports of this host's runs
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Request(capture_pb2.CaptureRequest(run_id="ci-run"), timeout=10, metadata=bearer(gpu))
+            assert error.value.code() == grpc.StatusCode.NOT_FOUND
+            polled = capture_pb2.CapturePoll(run_id="ci-run", session="ab.12", rank=0)
+            assert not stub.Poll(polled, timeout=10, metadata=bearer(gpu)).orders
+            assert [o.request_id for o in stub.Poll(polled, timeout=10, metadata=bearer(ci)).orders] == [
+                asked.request_id
+            ]
+            report = capture_pb2.CaptureReport(request_id=asked.request_id, run_id="ci-run", session="ab.12",
+                                               state="taken")  # fmt: skip
+            for verb in (stub.Report, stub.State):
+                with pytest.raises(grpc.RpcError) as error:
+                    verb(report if verb is stub.Report else capture_pb2.CaptureStateRequest(
+                        request_id=asked.request_id, run_id="ci-run"), timeout=10, metadata=bearer(gpu))  # fmt: skip
+                assert error.value.code() == grpc.StatusCode.NOT_FOUND
+            stub.Report(report, timeout=10, metadata=bearer(ci))
+            stub.Report(report, timeout=10, metadata=bearer(ci))  # a retry: said once
+            state = stub.State(capture_pb2.CaptureStateRequest(request_id=asked.request_id, run_id="ci-run"),
+                               timeout=10, metadata=bearer(ci))  # fmt: skip
+            assert state.state == "under way" and [o.state for o in state.outcomes] == ["taken"]
             # a writer of this run hears of the request in its write's answer; of another run, not
             for run_id, waiting in (("ci-run", True), ("other-run", False)):
                 written = BatchBuilder(f"{run_id}/more", run_id=run_id, host="h").add_events("step", [1], [2], "step")
@@ -299,7 +339,7 @@ def test_the_start_step_leaves_every_process_time_to_hear_of_it() -> None:
 
 
 def test_request_states_follow_the_processes_reports() -> None:
-    asked = CaptureRecord("cap-1", "r", 0, "me", "", 5, 3, 0.0, ())
+    asked = CaptureRecord("cap-1", "r", "h", 0, "me", "", 5, 3, 0.0, ())
     assert asked.state(1) == "asked" and asked.state(TAKE_WITHIN_NS) == "expired"
     asked.reports.append(Report("a.1", 0, "h", "taken", 10))
     assert asked.state(20) == "under way" and asked.state(FINISH_WITHIN_NS + 10) == "done"
@@ -307,7 +347,7 @@ def test_request_states_follow_the_processes_reports() -> None:
     asked.reports.append(Report("a.1", 0, "h", "capturing", 30))  # arrived late: the final state stands
     assert asked.state(40) == "done" and asked.latest_by_session()["a.1"].state == "imported"
     assert not asked.order_for("a.1", 0, 40) and asked.order_for("b.2", 3, 40)
-    assert not CaptureRecord("cap-2", "r", 0, "me", "", 5, 3, 0.0, (1,)).order_for("b.2", 3, 40)
+    assert not CaptureRecord("cap-2", "r", "h", 0, "me", "", 5, 3, 0.0, (1,)).order_for("b.2", 3, 40)
 
 
 def test_ranks_and_sizes_are_checked() -> None:

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from query.client import captures_frame
-from ui.data import act, attempt, command, plain
+from ui.data import act, command, plain
 from ui.tables import styled
 
 
@@ -34,11 +34,12 @@ def capture_panel(run_id: str, runs: pd.DataFrame) -> None:
                     start = f"step {first}" if first >= 0 else "each process's next step"
                     st.success(f"Asked (`{asked['request_id']}`): from {start}; the outcome shows below "
                                "within seconds (rerun the page to refresh).")  # fmt: skip
-        listed, why = attempt("capture_list", run_id, 20)
+        listed, why = act("capture_list", run_id, 20)  # never cached: a request just made shows at once
         if why:
             st.caption(why)
         elif listed:
             frame = captures_frame(listed).drop(columns=["run_id"])
+            frame = frame[[*frame.columns[1:], "request_id"]]  # what came of it first, the id last
             frame["requested_ns"] = pd.to_datetime(frame["requested_ns"], unit="ns", utc=True)
             st.dataframe(styled(frame.rename(columns={"requested_ns": "requested"})), hide_index=True)
         else:

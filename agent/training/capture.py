@@ -28,8 +28,9 @@ from typing import Any, Protocol
 
 from agent.training.records import log
 
-PROFILE_STEPS_DEFAULT = 10
 REPORT_TIMEOUT_S = 5.0
+ARMED_FOR_S = 120.0  # an order whose first step has not begun by then fails (the loop's numbers went elsewhere)
+MAX_CAPTURE_S = 600.0  # a capture stops at the first step boundary past this, whatever it was asked
 
 
 class CaptureUnavailable(Exception):
@@ -127,6 +128,8 @@ class Capture:
         self.capturing = False
         self.started = -1  # the first step captured
         self.current = -1
+        self.count = 0  # steps begun since the start: numbers may start over (a new epoch's enumerate)
+        self.armed_at = time.monotonic()
         self.started_at = 0.0
         self.note = ""
 
@@ -143,12 +146,15 @@ class Capturer:
         self._taken: set[str] = set()
         self._imports: list[threading.Thread] = []
         self._stub: Any = None
+        self.closed = False  # the run is ending: no more orders
 
     # -- the worker's thread ------------------------------------------------------------------
 
     def poll(self) -> None:
         """Ask for this process's orders; arm the run with the first that a profiler can take."""
         self.asked.clear()
+        if self.closed:
+            return
         from tracehouse.v1 import capture_pb2
 
         run = self._run
@@ -202,11 +208,22 @@ class Capturer:
     # -- the caller's thread ------------------------------------------------------------------
 
     def step(self, capture: Capture, i: int) -> None:
-        """Step `i` begins: start the profiler at the asked step; stop it after the last."""
+        """Step `i` begins: start the profiler at the asked step; stop it after as many steps as asked
+        (counted, not read off the numbers), or at the first step past the seconds asked or MAX_CAPTURE_S."""
+        now = time.monotonic()
         if not capture.capturing:
-            if capture.first_step >= 0 and i < capture.first_step:
+            restarted = 0 <= i < capture.current  # the numbers started over (a new epoch's enumerate)
+            capture.current = i
+            if capture.first_step >= 0 and i < capture.first_step and not restarted:
+                if now - capture.armed_at > ARMED_FOR_S:
+                    self._run._capture = None
+                    self._later(self.report, capture.request_id, "failed",
+                                reason=f"step {capture.first_step} did not begin within {ARMED_FOR_S:g} s "
+                                f"(the loop was at step {i})")  # fmt: skip
                 return
-            if capture.first_step >= 0 and i > capture.first_step:
+            if restarted and capture.first_step >= 0 and i < capture.first_step:
+                capture.note = f"the step numbers started over before step {capture.first_step}; started at step {i}"
+            elif capture.first_step >= 0 and i > capture.first_step:
                 capture.note = f"step {capture.first_step} had begun before the order arrived; started at step {i}"
             try:
                 capture.profiler.start()
@@ -214,25 +231,31 @@ class Capturer:
                 self._run._capture = None
                 self._later(self.report, capture.request_id, "failed", reason=f"the profiler did not start: {error}")
                 return
-            capture.capturing, capture.started, capture.current = True, i, i
-            capture.started_at = time.monotonic()
+            capture.capturing, capture.started, capture.current, capture.count = True, i, i, 1
+            capture.started_at = now
             self._later(self.report, capture.request_id, "capturing", i)
             return
-        if (capture.steps and i >= capture.started + capture.steps) or (
-            not capture.steps and time.monotonic() - capture.started_at >= capture.seconds
+        elapsed = now - capture.started_at
+        if (
+            (capture.steps and capture.count >= capture.steps)
+            or (not capture.steps and elapsed >= capture.seconds)
+            or elapsed >= MAX_CAPTURE_S
         ):
             self._stop(capture, capture.current)
         else:
             capture.current = i
+            capture.count += 1
 
     def step_ended(self, capture: Capture) -> None:
         """`with step(i):` ended: stop when it was the last step asked."""
-        if capture.capturing and capture.steps and capture.current >= capture.started + capture.steps - 1:
+        if capture.capturing and capture.steps and capture.count >= capture.steps:
             self._stop(capture, capture.current)
 
-    def finish(self) -> None:
-        """The run ends: a capture under way stops with the steps it has; an armed one fails.
-        Then wait for the imports (they ship through the run's shipper, which the end closes)."""
+    def finish(self, deadline: float) -> None:
+        """The run ends: no more orders; a capture under way stops with the steps it has; an armed one
+        fails. Then wait for the imports until `deadline` (monotonic): they ship through the run's
+        shipper, which the end closes."""
+        self.closed = True
         capture = self._run._capture
         if capture is not None:
             if capture.capturing:
@@ -242,7 +265,7 @@ class Capturer:
                 step = f"step {capture.first_step}" if capture.first_step >= 0 else "its next step"
                 self.report(capture.request_id, "failed", reason=f"the run ended before {step}")
         for thread in self._imports:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _stop(self, capture: Capture, last: int) -> None:
         self._run._capture = None

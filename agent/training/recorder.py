@@ -314,7 +314,7 @@ class Run(_RunWorker):
                 self._nvtx_step(None)
         if self._capturer is not None:
             try:
-                self._capturer.finish()
+                self._capturer.finish(time.monotonic() + self._end_timeout)
             except Exception as error:
                 log.warning("tracehouse: run %s: its capture did not finish: %s", self.run_id, error)
         self._stop.set()

@@ -20,8 +20,6 @@ from tracehouse.cli.options import (
 )
 from tracehouse.cli.query_command import _connection
 
-FINAL = ("done", "expired")
-
 
 def _ranks(text: str) -> tuple[int, ...]:
     from ingest.captures import parse_ranks
@@ -87,8 +85,10 @@ def run_capture(args: argparse.Namespace) -> int:
     try:
         asked = client.capture(args.run, steps=args.steps, seconds=args.seconds, ranks=args.ranks, reason=args.reason)
         if args.wait is not None:
+            print(f"asked: capture {asked['request_id']} of run {asked['run_id']}; waiting up to {args.wait:g} s",
+                  file=sys.stderr)  # fmt: skip
             deadline = time.monotonic() + args.wait
-            while asked["state"] not in FINAL and time.monotonic() < deadline:
+            while not _finished(asked) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 asked = client.capture_state(asked["request_id"], asked["run_id"])
     except QueryFailed as error:
@@ -98,12 +98,26 @@ def run_capture(args: argparse.Namespace) -> int:
         client.close()
     if args.format == "json":
         print(json.dumps(asked))
+    else:
+        _print_table([asked])
+        if args.wait is None or not _finished(asked):
+            again = ["captures", "--run", asked["run_id"], *_connection(args.typed)]
+            print(f"\n{command_name()} {shlex.join(again)} shows what came of it")
+    if args.wait is None:
         return 0
-    _print_table([asked])
-    if asked["state"] not in FINAL:
-        again = ["captures", "--run", asked["run_id"], *_connection(args.typed)]
-        print(f"\n{command_name()} {shlex.join(again)} shows what came of it")
-    return 0 if asked["state"] != "expired" else EXIT_UNAVAILABLE
+    if not _finished(asked):
+        print(f"tracehouse: capture {asked['request_id']} is still {asked['state']} after {args.wait:g} s",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_UNAVAILABLE
+    return 0 if any(o["state"] == "imported" for o in asked["outcomes"]) else EXIT_UNAVAILABLE
+
+
+def _finished(asked: dict[str, Any]) -> bool:
+    """Through: expired, or done with every rank asked heard from (others may still take it meanwhile)."""
+    if asked["state"] == "expired":
+        return True
+    heard = {o["rank"] for o in asked["outcomes"]}
+    return asked["state"] == "done" and set(asked["ranks"]) <= heard
 
 
 def run_captures(args: argparse.Namespace) -> int:

@@ -24,33 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btracehouse/v1/capture.proto\x12\rtracehouse.v1\"_\n\x0e\x43\x61ptureRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\"J\n\x0b\x43\x61pturePoll\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\"V\n\x0c\x43\x61ptureOrder\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfirst_step\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"<\n\rCaptureOrders\x12+\n\x06orders\x18\x01 \x03(\x0b\x32\x1b.tracehouse.v1.CaptureOrder\"\xcb\x01\n\rCaptureReport\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x12\n\nfirst_step\x18\x07 \x01(\x03\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x13\n\x0btrace_bytes\x18\t \x01(\x04\x12\x0e\n\x06\x65vents\x18\n \x01(\x04\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\x17\n\x15\x43\x61ptureReportResponse\"3\n\x12\x43\x61ptureListRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\xcb\x01\n\x0e\x43\x61ptureOutcome\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61t_ns\x18\x05 \x01(\x03\x12\x12\n\nfirst_step\x18\x06 \x01(\x03\x12\x11\n\tlast_step\x18\x07 \x01(\x03\x12\x13\n\x0btrace_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06\x65vents\x18\t \x01(\x04\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x12\n\ncomparison\x18\x0b \x01(\t\"\xf1\x01\n\x0c\x43\x61ptureState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x14\n\x0crequested_ns\x18\x03 \x01(\x03\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nfirst_step\x18\x06 \x01(\x03\x12\r\n\x05steps\x18\x07 \x01(\r\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\r\n\x05ranks\x18\t \x03(\r\x12\r\n\x05state\x18\n \x01(\t\x12/\n\x08outcomes\x18\x0b \x03(\x0b\x32\x1d.tracehouse.v1.CaptureOutcome\"<\n\x0b\x43\x61ptureList\x12-\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1b.tracehouse.v1.CaptureState2\xa7\x02\n\x07\x43\x61pture\x12\x45\n\x07Request\x12\x1d.tracehouse.v1.CaptureRequest\x1a\x1b.tracehouse.v1.CaptureState\x12@\n\x04Poll\x12\x1a.tracehouse.v1.CapturePoll\x1a\x1c.tracehouse.v1.CaptureOrders\x12L\n\x06Report\x12\x1c.tracehouse.v1.CaptureReport\x1a$.tracehouse.v1.CaptureReportResponse\x12\x45\n\x04List\x12!.tracehouse.v1.CaptureListRequest\x1a\x1a.tracehouse.v1.CaptureListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btracehouse/v1/capture.proto\x12\rtracehouse.v1\"9\n\x13\x43\x61ptureStateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"_\n\x0e\x43\x61ptureRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\"J\n\x0b\x43\x61pturePoll\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\"V\n\x0c\x43\x61ptureOrder\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfirst_step\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"<\n\rCaptureOrders\x12+\n\x06orders\x18\x01 \x03(\x0b\x32\x1b.tracehouse.v1.CaptureOrder\"\xcb\x01\n\rCaptureReport\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x12\n\nfirst_step\x18\x07 \x01(\x03\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x13\n\x0btrace_bytes\x18\t \x01(\x04\x12\x0e\n\x06\x65vents\x18\n \x01(\x04\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\x17\n\x15\x43\x61ptureReportResponse\"3\n\x12\x43\x61ptureListRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\xcb\x01\n\x0e\x43\x61ptureOutcome\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61t_ns\x18\x05 \x01(\x03\x12\x12\n\nfirst_step\x18\x06 \x01(\x03\x12\x11\n\tlast_step\x18\x07 \x01(\x03\x12\x13\n\x0btrace_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06\x65vents\x18\t \x01(\x04\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x12\n\ncomparison\x18\x0b \x01(\t\"\xf1\x01\n\x0c\x43\x61ptureState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x14\n\x0crequested_ns\x18\x03 \x01(\x03\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nfirst_step\x18\x06 \x01(\x03\x12\r\n\x05steps\x18\x07 \x01(\r\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\r\n\x05ranks\x18\t \x03(\r\x12\r\n\x05state\x18\n \x01(\t\x12/\n\x08outcomes\x18\x0b \x03(\x0b\x32\x1d.tracehouse.v1.CaptureOutcome\"<\n\x0b\x43\x61ptureList\x12-\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1b.tracehouse.v1.CaptureState2\xf1\x02\n\x07\x43\x61pture\x12\x45\n\x07Request\x12\x1d.tracehouse.v1.CaptureRequest\x1a\x1b.tracehouse.v1.CaptureState\x12@\n\x04Poll\x12\x1a.tracehouse.v1.CapturePoll\x1a\x1c.tracehouse.v1.CaptureOrders\x12L\n\x06Report\x12\x1c.tracehouse.v1.CaptureReport\x1a$.tracehouse.v1.CaptureReportResponse\x12\x45\n\x04List\x12!.tracehouse.v1.CaptureListRequest\x1a\x1a.tracehouse.v1.CaptureList\x12H\n\x05State\x12\".tracehouse.v1.CaptureStateRequest\x1a\x1b.tracehouse.v1.CaptureStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tracehouse.v1.capture_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CAPTUREREQUEST']._serialized_start=46
-  _globals['_CAPTUREREQUEST']._serialized_end=141
-  _globals['_CAPTUREPOLL']._serialized_start=143
-  _globals['_CAPTUREPOLL']._serialized_end=217
-  _globals['_CAPTUREORDER']._serialized_start=219
-  _globals['_CAPTUREORDER']._serialized_end=305
-  _globals['_CAPTUREORDERS']._serialized_start=307
-  _globals['_CAPTUREORDERS']._serialized_end=367
-  _globals['_CAPTUREREPORT']._serialized_start=370
-  _globals['_CAPTUREREPORT']._serialized_end=573
-  _globals['_CAPTUREREPORTRESPONSE']._serialized_start=575
-  _globals['_CAPTUREREPORTRESPONSE']._serialized_end=598
-  _globals['_CAPTURELISTREQUEST']._serialized_start=600
-  _globals['_CAPTURELISTREQUEST']._serialized_end=651
-  _globals['_CAPTUREOUTCOME']._serialized_start=654
-  _globals['_CAPTUREOUTCOME']._serialized_end=857
-  _globals['_CAPTURESTATE']._serialized_start=860
-  _globals['_CAPTURESTATE']._serialized_end=1101
-  _globals['_CAPTURELIST']._serialized_start=1103
-  _globals['_CAPTURELIST']._serialized_end=1163
-  _globals['_CAPTURE']._serialized_start=1166
-  _globals['_CAPTURE']._serialized_end=1461
+  _globals['_CAPTURESTATEREQUEST']._serialized_start=46
+  _globals['_CAPTURESTATEREQUEST']._serialized_end=103
+  _globals['_CAPTUREREQUEST']._serialized_start=105
+  _globals['_CAPTUREREQUEST']._serialized_end=200
+  _globals['_CAPTUREPOLL']._serialized_start=202
+  _globals['_CAPTUREPOLL']._serialized_end=276
+  _globals['_CAPTUREORDER']._serialized_start=278
+  _globals['_CAPTUREORDER']._serialized_end=364
+  _globals['_CAPTUREORDERS']._serialized_start=366
+  _globals['_CAPTUREORDERS']._serialized_end=426
+  _globals['_CAPTUREREPORT']._serialized_start=429
+  _globals['_CAPTUREREPORT']._serialized_end=632
+  _globals['_CAPTUREREPORTRESPONSE']._serialized_start=634
+  _globals['_CAPTUREREPORTRESPONSE']._serialized_end=657
+  _globals['_CAPTURELISTREQUEST']._serialized_start=659
+  _globals['_CAPTURELISTREQUEST']._serialized_end=710
+  _globals['_CAPTUREOUTCOME']._serialized_start=713
+  _globals['_CAPTUREOUTCOME']._serialized_end=916
+  _globals['_CAPTURESTATE']._serialized_start=919
+  _globals['_CAPTURESTATE']._serialized_end=1160
+  _globals['_CAPTURELIST']._serialized_start=1162
+  _globals['_CAPTURELIST']._serialized_end=1222
+  _globals['_CAPTURE']._serialized_start=1225
+  _globals['_CAPTURE']._serialized_end=1594
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CaptureStateRequest(_message.Message):
+    __slots__ = ("request_id", "run_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    run_id: str
+    def __init__(self, request_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
 class CaptureRequest(_message.Message):
     __slots__ = ("run_id", "steps", "seconds", "ranks", "reason")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

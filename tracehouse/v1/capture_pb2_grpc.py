@@ -65,6 +65,11 @@ class CaptureStub:
                 request_serializer=tracehouse_dot_v1_dot_capture__pb2.CaptureListRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_capture__pb2.CaptureList.FromString,
                 _registered_method=True)
+        self.State = channel.unary_unary(
+                '/tracehouse.v1.Capture/State',
+                request_serializer=tracehouse_dot_v1_dot_capture__pb2.CaptureStateRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_capture__pb2.CaptureState.FromString,
+                _registered_method=True)
 
 
 class CaptureServicer:
@@ -105,6 +110,13 @@ class CaptureServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def State(self, request, context):
+        """One request's state, for whoever may write its run (the asker waiting for it)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CaptureServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +139,11 @@ def add_CaptureServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=tracehouse_dot_v1_dot_capture__pb2.CaptureListRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_capture__pb2.CaptureList.SerializeToString,
+            ),
+            'State': grpc.unary_unary_rpc_method_handler(
+                    servicer.State,
+                    request_deserializer=tracehouse_dot_v1_dot_capture__pb2.CaptureStateRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_capture__pb2.CaptureState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -248,6 +265,33 @@ class Capture:
             '/tracehouse.v1.Capture/List',
             tracehouse_dot_v1_dot_capture__pb2.CaptureListRequest.SerializeToString,
             tracehouse_dot_v1_dot_capture__pb2.CaptureList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def State(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Capture/State',
+            tracehouse_dot_v1_dot_capture__pb2.CaptureStateRequest.SerializeToString,
+            tracehouse_dot_v1_dot_capture__pb2.CaptureState.FromString,
             options,
             channel_credentials,
             insecure,
