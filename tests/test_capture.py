@@ -100,6 +100,14 @@ def steps_stored(client: Client, run_id: str, at_least: int = 5) -> bool:
     return int(found["n"][0]) >= at_least
 
 
+def on_time(outcome: dict[str, Any], first: int, steps: int) -> bool:
+    """The outcome holds `steps` steps from the step asked, or from a later one and says why (a machine
+    so loaded that the process heard of the request after the step asked had begun)."""
+    counted = outcome["last_step"] - outcome["first_step"] + 1 == steps
+    late = outcome["first_step"] > first and "had begun before the order arrived" in outcome["reason"]
+    return counted and (outcome["first_step"] == first or late)
+
+
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
     status = main(list(argv))
     out, err = capsys.readouterr()
@@ -122,7 +130,7 @@ def test_a_running_loop_asked_for_five_steps_profiles_exactly_those_into_its_run
     assert asked["steps"] == 5 and asked["first_step"] > 0
     [outcome] = asked["outcomes"]
     assert outcome["state"] == "imported", outcome
-    assert (outcome["first_step"], outcome["last_step"]) == (asked["first_step"], asked["first_step"] + 4)
+    assert on_time(outcome, asked["first_step"], 5), outcome
     assert outcome["events"] == 1 and outcome["trace_bytes"] > 0 and outcome["rank"] == 0
 
     loop.stop()
@@ -153,7 +161,7 @@ def test_every_rank_captures_the_same_steps_and_ranks_choose_which(
     assert status == 0, err
     outcomes = asked["outcomes"]
     assert sorted(o["rank"] for o in outcomes) == [0, 1] and {o["state"] for o in outcomes} == {"imported"}
-    assert {(o["first_step"], o["last_step"]) for o in outcomes} == {(asked["first_step"], asked["first_step"] + 2)}
+    assert all(on_time(o, asked["first_step"], 3) for o in outcomes), outcomes
 
     status, asked, err = cli_json(capsys, "capture", "--run", run_id, "--steps", "2", "--ranks", "1", "--wait",
                                   "60", "--format", "json", "--server", address)  # fmt: skip
@@ -374,7 +382,7 @@ def test_the_real_profiler_captures_ten_steps_of_a_cpu_loop(
     [outcome] = asked["outcomes"]
     assert outcome["state"] == "imported", outcome
     first, last = outcome["first_step"], outcome["last_step"]
-    assert (first, last) == (asked["first_step"], asked["first_step"] + 9)
+    assert on_time(outcome, asked["first_step"], 10), outcome
     loop.stop()
     steps = steps_of(client, loop.run_id)
     ops = client.events(kinds=["cpu_op"], run=loop.run_id)
