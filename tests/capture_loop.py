@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tracehouse
 from agent.training.capture import RecordingProfiler, TorchProfiler
-from tracehouse.channel import ClientSecurity
+from tracehouse.channel import ClientSecurity, client_security
 
 
 def main() -> None:
@@ -27,12 +27,14 @@ def main() -> None:
     parser.add_argument("--profiler", choices=("recording", "torch", "none-installed"), default="recording")
     parser.add_argument("--step-ms", type=float, default=50.0)
     parser.add_argument("--epoch", type=int, default=0, help="steps are numbered from 0 again every EPOCH steps")
+    parser.add_argument("--token-file", default=None)
     args = parser.parse_args()
     if args.profiler == "none-installed":
         sys.modules["torch"] = None  # type: ignore[assignment]  # as in an environment without torch
     make = RecordingProfiler if args.profiler == "recording" else TorchProfiler
     work = _torch_work() if args.profiler == "torch" else (lambda: None)
-    with tracehouse.run(args.name, server=args.server, run_id=args.run_id, security=ClientSecurity(),
+    security = client_security(args.token_file) if args.token_file else ClientSecurity()
+    with tracehouse.run(args.name, server=args.server, run_id=args.run_id, security=security,
                         spool=args.spool, capture_profiler=make) as run:  # fmt: skip
         print(run.run_id, flush=True)
         deadline = time.monotonic() + 120

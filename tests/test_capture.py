@@ -33,7 +33,7 @@ from query.client import Client
 from query.window import QueryError
 from tests.helpers import request
 from tracehouse.batch import BatchBuilder
-from tracehouse.channel import open_channel
+from tracehouse.channel import ClientSecurity, open_channel
 from tracehouse.cli.main import main
 from tracehouse.cli.serve import create_server
 from tracehouse.model import Limits
@@ -331,6 +331,31 @@ def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits
                 answer = ingest.Write(request(written), timeout=30, metadata=bearer(writer))
                 assert answer.capture_waiting is waiting
     finally:
+        server.stop(1)
+
+
+def test_with_tokens_the_process_imports_its_capture_with_its_own_token(
+    store: Store, limits: Limits, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer, asker = "trainer-token-0123456789abcdef", "asker-token-0123456789abcdefg"
+    tokens = f"write {trainer} runs=tok-\nwrite {asker} runs=tok-\nread read-token-0123456789abcdefg\n"
+    server = create_server(store, "127.0.0.1:0", limits, security=ServerSecurity(parse_tokens(tokens)))
+    address = f"127.0.0.1:{server.port}"
+    (tmp_path / "trainer.token").write_text(trainer)
+    (tmp_path / "asker.token").write_text(asker)
+    loop = Loop(address, tmp_path, "tok-loop", "--run-id", f"tok-{time.time_ns()}", "--token-file",
+                str(tmp_path / "trainer.token"))  # fmt: skip
+    try:
+        with Client(address, security=ClientSecurity("read-token-0123456789abcdefg")) as reader:
+            wait_for(lambda: steps_stored(reader, loop.run_id))
+        status, asked, err = cli_json(capsys, "capture", "--run", loop.run_id, "--steps", "3", "--wait", "60",
+                                      "--format", "json", "--server", address, "--token-file",
+                                      str(tmp_path / "asker.token"))  # fmt: skip
+        assert status == 0, err
+        assert [o["state"] for o in asked["outcomes"]] == ["imported"] and asked["outcomes"][0]["events"] == 1
+        assert trainer not in json.dumps(asked) and asker not in json.dumps(asked)
+    finally:
+        loop.stop()
         server.stop(1)
 
 

@@ -5,7 +5,8 @@ The server says in the answer to a write that a capture of the run is asked for
 (WriteResponse.capture_waiting); the run's worker thread then asks Capture.Poll for its orders
 over the channel the run already has, checks that a profiler can be made, and arms the run. The
 caller's thread starts the profiler when the asked step begins (`Run.step`) and stops it when
-the last one ends; a thread of its own writes the trace and imports it into the run. A run never
+the last one ends; a thread of its own writes the trace, and a process of its own
+(agent/training/capture_import.py, at a lower priority) imports it into the run. A run never
 asked pays one attribute test a step.
 
 A profiler is anything with `prepare()` (its warm-up, off the loop), `start()`, `stop()` and
@@ -19,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -31,6 +34,7 @@ from agent.training.records import log
 REPORT_TIMEOUT_S = 5.0
 ARMED_FOR_S = 120.0  # an order whose first step has not begun by then fails (the loop's numbers went elsewhere)
 MAX_CAPTURE_S = 600.0  # a capture stops at the first step boundary past this, whatever it was asked
+IMPORT_TIMEOUT_S = 1800.0
 
 
 class CaptureUnavailable(Exception):
@@ -100,20 +104,6 @@ class RecordingProfiler:
         ]  # fmt: skip
         trace = {"schemaVersion": 1, "traceEvents": events, "displayTimeUnit": "ms", "baseTimeNanoseconds": origin}
         path.write_text(json.dumps(trace))
-
-
-class _Prefixed:
-    """The importer's batches under `prefix` instead of the run id: each capture's ids are its own."""
-
-    def __init__(self, sink: Any, run_id: str, prefix: str) -> None:
-        self._sink, self._run_id, self._prefix = sink, run_id, prefix
-
-    def write(self, batch: Any) -> None:
-        batch.batch_id = self._prefix + batch.batch_id[len(self._run_id) :]
-        self._sink.write(batch)
-
-    def flush(self) -> None:
-        self._sink.flush()
 
 
 class Capture:
@@ -286,9 +276,8 @@ class Capturer:
     # -- the capture's own thread -------------------------------------------------------------
 
     def _import(self, capture: Capture, last: int) -> None:
-        from agent.traces.importer import import_export
-        from agent.traces.watch import ShipperSink
-
+        """Write the trace (the profiler's own export) and import it into the run in a process of its
+        own (agent/training/capture_import.py), so that reading it costs the training process nothing."""
         run = self._run
         folder = Path(tempfile.mkdtemp(prefix="tracehouse-capture-"))
         path = folder / f"{capture.request_id}.json"
@@ -296,14 +285,7 @@ class Capturer:
         try:
             capture.profiler.export(path)
             size = path.stat().st_size
-            prefix = (
-                "capture/"
-                + hashlib.blake2b(
-                    f"{run.run_id}/{run.session}/{capture.request_id}".encode(), digest_size=12
-                ).hexdigest()
-            )
-            sink = _Prefixed(ShipperSink(run.shipper.submit), run.run_id, prefix)
-            result = import_export(path, sink, host=run.host, into_run=run.run_id)
+            events = self._import_apart(path, capture.request_id)
         except Exception as error:
             log.warning("tracehouse: run %s: capture %s not imported: %s", run.run_id, capture.request_id, error)
             self.report(capture.request_id, "failed", **steps, reason=f"not imported: {error}"[:1024])
@@ -313,8 +295,26 @@ class Capturer:
                 leftover.unlink()
             folder.rmdir()
         run._counts["captures"] = run._counts.get("captures", 0) + 1
-        events = sum(result.events.values())
         self.report(capture.request_id, "imported", **steps, trace_bytes=size, events=events, reason=capture.note)
+
+    def _import_apart(self, path: Path, request_id: str) -> int:
+        run = self._run
+        security = run._security
+        prefix = "capture/" + hashlib.blake2b(f"{run.run_id}/{run.session}/{request_id}".encode(),
+                                              digest_size=12).hexdigest()  # fmt: skip
+        argv = [sys.executable, "-m", "agent.training.capture_import", str(path), "--run-id", run.run_id,
+                "--host", run.host, "--prefix", prefix, "--server", run.server]  # fmt: skip
+        environment = {**os.environ, **(security.environment() if security is not None else {})}
+        token = (security.token or "") if security is not None else ""
+        done = subprocess.run(argv, input=token + "\n", capture_output=True, text=True, env=environment,
+                              timeout=IMPORT_TIMEOUT_S, check=False)  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        answer = (
+            json.loads(lines[-1]) if lines else {"error": done.stderr.strip()[-500:] or f"status {done.returncode}"}
+        )
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return int(answer["events"])
 
 
 def _rank() -> int:
