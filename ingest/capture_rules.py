@@ -11,7 +11,7 @@ rules:
     metric: gpu.sm_active_pct
     below: 0.8                   # with a baseline: a fraction of its mean; without: the metric's own unit
     baseline: resnet50-good      # a run's id or name: the metric's mean on its host during the run
-    phase: forward               # with a baseline: the mean inside that phase's (or NVTX range's) instances
+    phase: forward               # the means inside that phase's (or NVTX range's) instances, here and in the baseline
     for: 30s                     # the window the mean is taken over (default 30s)
     steps: 20                    # steps to capture (default 10)
     every: 10m                   # at most one capture per run per this long (default 10m)
@@ -21,6 +21,7 @@ rules:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import fnmatch
 import json
@@ -47,6 +48,7 @@ MAX_RULES = 100
 QUEUED_BATCHES = 1000  # past this, samples wait for nobody: a rule misses them, the writes never wait
 RETRY_NS = 10_000_000_000  # after asking a host's runs (or being refused), the rule looks at that host again after this
 BASELINE_RETRY_NS = 60_000_000_000  # a baseline without samples is read again after this
+PHASE_EVERY_NS = 2_000_000_000  # a rule with a phase reads a host's instances of it at most this often
 
 
 def compared(kernels: Sequence[dict[str, Any]], baseline: str, steps_a: int, steps_b: int) -> dict[str, Any]:
@@ -147,8 +149,6 @@ def _rule(entry: Any, where: str) -> Rule:
     for key, value in texts.items():
         if not isinstance(value, str) or len(value) > 256:
             raise RuleError(f"{where}: {key!r} must be text of at most 256 characters")
-    if texts["phase"] and not texts["baseline"]:
-        raise RuleError(f"{where}: 'phase' needs a 'baseline' run to take the phase from")
     durations = {}
     for key, default in (("for", "30s"), ("every", "10m")):
         try:
@@ -209,6 +209,7 @@ class RuleEngine:
         self._baselines: dict[str, tuple[float | None, int]] = {}  # the mean, and when it was read
         self._asked: dict[tuple[str, str], int] = {}  # (rule, run): when this rule last asked
         self._tried: dict[tuple[str, str], int] = {}  # (rule, host): when this rule last asked its runs
+        self._phase_read: dict[tuple[str, str, int], int] = {}  # (rule, host, gpu): when its phases were last read
         self._thread = threading.Thread(target=self._work, name="capture-rules", daemon=True)
         self.fired = 0
 
@@ -278,6 +279,8 @@ class RuleEngine:
     def _check(self, rule: Rule, host: str, gpu: int) -> None:
         window = self._windows[(rule.name, host, gpu)]
         mean = window.mean_if_full()
+        if mean is not None and rule.phase:
+            mean = self._mean_in_phase(rule, host, gpu, window)
         if mean is None:
             return
         base = self._baseline(rule) if rule.baseline else None
@@ -291,8 +294,9 @@ class RuleEngine:
             return
         self._tried[(rule.name, host)] = now
         seconds = rule.window_ns / 1e9
-        reason = (f"rule {rule.name}: {rule.metric} averaged {mean:.4g} over {seconds:g} s on {host} GPU {gpu}, "
-                  f"{rule.describe(threshold, base)}")  # fmt: skip
+        inside = f" inside phase {rule.phase!r}" if rule.phase else ""
+        reason = (f"rule {rule.name}: {rule.metric} averaged {mean:.4g}{inside} over {seconds:g} s on {host} "
+                  f"GPU {gpu}, {rule.describe(threshold, base)}")  # fmt: skip
         for run_id, name in self._running(host):
             if rule.runs and not fnmatch.fnmatchcase(name, rule.runs):
                 continue
@@ -346,6 +350,33 @@ class RuleEngine:
             {"run": rule.baseline},
         ).to_pylist()
         return str(rows[0]["run_id"]) if rows else None
+
+    def _mean_in_phase(self, rule: Rule, host: str, gpu: int, window: _Window) -> float | None:
+        """The window's mean over the samples inside the host's instances of the rule's phase (phases of the
+        training API, or NVTX ranges so named) that ended by now; None without any. Read at most every
+        PHASE_EVERY_NS per host and rule."""
+        now = now_ns()
+        key = (rule.name, host, gpu)
+        if now - self._phase_read.get(key, -PHASE_EVERY_NS) < PHASE_EVERY_NS:
+            return None
+        self._phase_read[key] = now
+        first, last = window.values[0][0], window.values[-1][0]
+        spans = self.store.query(
+            "SELECT toUnixTimestamp64Nano(start) AS s, toUnixTimestamp64Nano(end) AS e FROM {db}.events "
+            "WHERE host = {host:String} AND kind IN ('phase', 'nvtx') AND name = {phase:String} "
+            "AND start <= fromUnixTimestamp64Nano({last:Int64}) AND end > fromUnixTimestamp64Nano({first:Int64}) "
+            "ORDER BY s LIMIT 100000",
+            {"host": host, "phase": rule.phase, "first": first, "last": last},
+        ).to_pylist()
+        merged: list[list[int]] = []  # the instances' union: threads' instances may overlap
+        for span in spans:
+            if merged and span["s"] <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], span["e"])
+            else:
+                merged.append([span["s"], span["e"]])
+        starts = [start for start, _ in merged]
+        inside = [v for ts, v in window.values if (i := bisect.bisect_right(starts, ts) - 1) >= 0 and ts < merged[i][1]]
+        return sum(inside) / len(inside) if inside else None
 
     def _running(self, host: str) -> list[tuple[str, str]]:
         rows = self.store.query(

@@ -442,6 +442,8 @@ def ruled(store: Store, limits: Limits, tmp_path: Path) -> Iterator[tuple[str, A
 rules:
   - {name: util-low, metric: gpu.util_pct, below: 50, for: 2s, steps: 3, every: 10m, runs: "cap-rule*"}
   - {name: below-baseline, metric: gpu.util_pct, below: 0.8, baseline: baseline-run, for: 2s, runs: "plain*"}
+  - {name: fwd-low, metric: gpu.util_pct, below: 0.8, baseline: baseline-run, phase: forward, for: 2s,
+     runs: "phase*"}
 """,
         "test",
     )
@@ -505,6 +507,37 @@ def test_a_rule_against_a_baseline_runs_mean(ruled: tuple[str, Any]) -> None:
         assert "below 64 (0.8 times 80, run 'baseline-run')" in asked["reason"]
 
 
+def test_a_rule_with_a_phase_compares_the_samples_inside_that_phase(ruled: tuple[str, Any]) -> None:
+    import numpy as np
+
+    address, server = ruled
+    now = time.time_ns()
+    with Client(address) as client, open_channel(address) as channel:
+        ingest = ingest_pb2_grpc.IngestStub(channel)
+        baseline = BatchBuilder("baseline-run/d", run_id="baseline-run", host="base").add_run(
+            run_id="baseline-run", name="baseline-run", host="base", source="agent", start=now - 60 * S,
+            end=now - 10 * S,
+        )  # fmt: skip
+        baseline.add_events("phase", [now - 40 * S], [now - 15 * S], "forward")
+        ingest.Write(request(baseline), timeout=30)
+        ingest.Write(util_samples("base", 80.0, 20, now - 20 * S, "baseline-run"), timeout=30)  # 80 in forward
+        running = BatchBuilder("phase-run/d", run_id="phase-run", host="node-7").add_run(
+            run_id="phase-run", name="phase-run", host="node-7", source="user", start=now - 10 * S
+        )
+        # forward for the first half of each second of the last 3 s: 50 inside it, 90 outside (70 in all)
+        starts = [now - 3 * S + k * S for k in range(3)]
+        running.add_events("phase", starts, [t + S // 2 for t in starts], "forward")
+        ingest.Write(request(running), timeout=30)
+        ts = now - 3 * S + np.arange(30) * 100 * MS
+        values = np.where((ts - (now - 3 * S)) % S < S // 2, 50.0, 90.0)
+        samples = BatchBuilder("node-7/util", run_id="agent-telemetry", host="node-7")
+        ingest.Write(request(samples.add_samples("gpu.util_pct", ts, values, gpu=0)), timeout=30)
+        server.rules.drain()
+        [asked] = client.capture_list("phase-run")
+        assert asked["requested_by"] == "rule fwd-low"
+        assert "averaged 50 inside phase 'forward' over 2 s on node-7 GPU 0, below 64 (0.8 times 80" in asked["reason"]
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
@@ -516,7 +549,6 @@ def test_a_rule_against_a_baseline_runs_mean(ruled: tuple[str, Any]) -> None:
         ("{rules: [{name: a, metric: m, below: x}]}", "'below' must be a number"),
         ("{rules: [{name: a, metric: m, below: 1, for: soon}]}", "'for': 'soon' is not a duration"),
         ("{rules: [{name: a, metric: m, below: 1, steps: 0}]}", "'steps' must be a whole number from 1 to 1000"),
-        ("{rules: [{name: a, metric: m, below: 1, phase: fwd}]}", "'phase' needs a 'baseline'"),
         ("{rules: [{name: a, metric: m, below: 1}, {name: a, metric: n, above: 2}]}", "rule names repeat"),
         ("a: &x [1]\nb: *x", "aliases"),
         ("rules: [", "not YAML"),
