@@ -120,8 +120,21 @@ class CaptureBoard:
         if self._thread is not None:
             self._thread.join(5)
 
-    def waiting(self, run_id: str) -> bool:
-        return run_id in self._open_runs
+    def waiting(self, run_id: str, batch_id: str = "") -> bool:
+        """Whether a process writing `batch_id` into the run has a request to take: a set lookup for
+        runs without one; for a run with one, whether the writer's session (the training API's batch
+        ids are RUN_ID/SESSION/SEQUENCE) has not reported on it yet, so that a process that took it
+        stops asking."""
+        if run_id not in self._open_runs:
+            return False
+        parts = batch_id.rsplit("/", 2)
+        session = parts[-2] if len(parts) == 3 else ""
+        now = now_ns()
+        with self._lock:
+            return any(
+                r.run_id == run_id and r.takable(now) and not any(rep.session == session for rep in r.reports)
+                for r in self._requests.values()
+            )
 
     def _refreshing(self) -> None:
         while not self._stop.wait(self._refresh_s):

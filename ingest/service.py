@@ -62,7 +62,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         # a writer bound to run ids could name any host in its samples: its telemetry asks for no capture
         if self.rules is not None and batch.samples is not None and not result.duplicate and grant.runs is None:
             self.rules.observe(batch.samples)
-        waiting = self.captures is not None and self.captures.waiting(request.batch.run_id)
+        waiting = self.captures is not None and self.captures.waiting(request.batch.run_id, request.batch.batch_id)
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, **result.rows)
 
     def _write(

@@ -325,6 +325,12 @@ def test_tokens_bound_who_may_ask_and_read_tokens_only_list(store: Store, limits
             state = stub.State(capture_pb2.CaptureStateRequest(request_id=asked.request_id, run_id="ci-run"),
                                timeout=10, metadata=bearer(ci))  # fmt: skip
             assert state.state == "under way" and [o.state for o in state.outcomes] == ["taken"]
+            # the process that took it hears no more of it in its writes' answers; another process still does
+            for session, waiting in (("ab.12", False), ("cd.34", True)):
+                written = BatchBuilder(f"ci-run/{session}/00000001", run_id="ci-run", host="h")
+                answer = ingest.Write(request(written.add_events("step", [3], [4], "step")), timeout=30,
+                                      metadata=bearer(writer))  # fmt: skip
+                assert answer.capture_waiting is waiting, session
             # a writer of this run hears of the request in its write's answer; of another run, not
             for run_id, waiting in (("ci-run", True), ("other-run", False)):
                 written = BatchBuilder(f"{run_id}/more", run_id=run_id, host="h").add_events("step", [1], [2], "step")
