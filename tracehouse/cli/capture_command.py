@@ -92,8 +92,7 @@ def run_capture(args: argparse.Namespace) -> int:
                 time.sleep(0.5)
                 asked = client.capture_state(asked["request_id"], asked["run_id"])
     except QueryFailed as error:
-        print(f"tracehouse: {_pasteable(error.message, args.typed)}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+        return _refused(error, args.typed)
     finally:
         client.close()
     if args.format == "json":
@@ -127,8 +126,7 @@ def run_captures(args: argparse.Namespace) -> int:
     try:
         found = client.capture_list(args.run, args.limit)
     except QueryFailed as error:
-        print(f"tracehouse: {_pasteable(error.message, args.typed)}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+        return _refused(error, args.typed)
     finally:
         client.close()
     if args.format == "json":
@@ -138,6 +136,12 @@ def run_captures(args: argparse.Namespace) -> int:
     else:
         _print_table(found)
     return 0
+
+
+def _refused(error: Any, typed: list[str]) -> int:
+    """Say why the server refused (its hint as this user runs it) and exit as for that reason."""
+    print(f"tracehouse: {_pasteable(error.message, typed)}", file=sys.stderr)
+    return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
 
 
 def _pasteable(message: str, typed: list[str]) -> str:
