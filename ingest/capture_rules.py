@@ -328,9 +328,10 @@ class RuleEngine:
             "AND start >= fromUnixTimestamp64Nano({since:Int64}) AND start < fromUnixTimestamp64Nano({until:Int64})"
             ") GROUP BY name"
         )
-        baseline = self._baseline_run(rule)
-        if baseline is None:
+        found = self._baseline_run(rule)
+        if found is None:
             return
+        baseline = str(found["run_id"])
         parameters = {"baseline": baseline, "run": request.run_id, "pid": pid, "since": request.requested_ns,
                       "until": report.at_ns}  # fmt: skip
         kernels = self.store.query(sql, parameters).to_pylist()
@@ -343,13 +344,15 @@ class RuleEngine:
         )
         self.keep(request, report.session, json.dumps(compared(kernels, baseline, int(steps_a), captured)))
 
-    def _baseline_run(self, rule: Rule) -> str | None:
+    def _baseline_run(self, rule: Rule) -> dict[str, Any] | None:
+        """The rule's baseline run (an id, or a name: its latest ended run): run_id, host, start, end."""
         rows = self.store.query(
-            "SELECT run_id FROM {db}.runs FINAL WHERE run_id = {run:String} OR name = {run:String} "
+            "SELECT run_id, host, start, coalesce(end, now64(9)) AS end FROM {db}.runs FINAL "
+            "WHERE run_id = {run:String} OR name = {run:String} "
             "ORDER BY run_id = {run:String} DESC, end IS NULL, start DESC LIMIT 1",
             {"run": rule.baseline},
         ).to_pylist()
-        return str(rows[0]["run_id"]) if rows else None
+        return rows[0] if rows else None
 
     def _mean_in_phase(self, rule: Rule, host: str, gpu: int, window: _Window) -> float | None:
         """The window's mean over the samples inside the host's instances of the rule's phase (phases of the
@@ -402,15 +405,9 @@ class RuleEngine:
         return mean
 
     def _baseline_mean(self, rule: Rule) -> float | None:
-        runs = self.store.query(
-            "SELECT run_id, host, start, coalesce(end, now64(9)) AS end FROM {db}.runs FINAL "
-            "WHERE run_id = {run:String} OR name = {run:String} "
-            "ORDER BY run_id = {run:String} DESC, end IS NULL, start DESC LIMIT 1",  # a name: its latest ended run
-            {"run": rule.baseline},
-        ).to_pylist()
-        if not runs:
+        run = self._baseline_run(rule)
+        if run is None:
             return None
-        run = runs[0]
         samples = (
             "SELECT host, ts, value FROM {db}.samples WHERE host = {host:String} AND metric = {metric:String} "
             "AND ts >= {start:DateTime64(9)} AND ts < {end:DateTime64(9)}"

@@ -338,12 +338,9 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         )
 
     def Report(self, request: capture_pb2.CaptureReport, context: Any) -> capture_pb2.CaptureReportResponse:
-        grant = CALLER.get()
-        run_id = _run_id(request.run_id, grant)
         check_report(request.state, request.session, request.first_step, request.last_step, request.reason)
-        known = self.board.get(request.request_id)
-        if known is None or known.run_id != run_id or not grant.allows_host(known.host):
-            raise RunNotFound(f"request_id: no capture {request.request_id[:64]!r} of run {run_id!r}")
+        known = self._known(request.request_id, request.run_id)
+        run_id = known.run_id
         if known.knows(request.session, request.state):
             return capture_pb2.CaptureReportResponse()  # said before: a retry
         if len({r.session for r in known.reports} | {request.session}) > MAX_RANKS:
@@ -387,12 +384,16 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         return capture_pb2.CaptureList(captures=[state_message(r, now) for r in found])
 
     def State(self, request: capture_pb2.CaptureStateRequest, context: Any) -> capture_pb2.CaptureState:
+        return state_message(self._known(request.request_id, request.run_id), now_ns())
+
+    def _known(self, request_id: str, run_id: str) -> CaptureRecord:
+        """A request of the run, that the caller may write (its run id and its host): else NOT_FOUND."""
         grant = CALLER.get()
-        run_id = _run_id(request.run_id, grant)
-        known = self.board.get(request.request_id)
+        _run_id(run_id, grant)
+        known = self.board.get(request_id)
         if known is None or known.run_id != run_id or not grant.allows_host(known.host):
-            raise RunNotFound(f"request_id: no capture {request.request_id[:64]!r} of run {run_id!r}")
-        return state_message(known, now_ns())
+            raise RunNotFound(f"request_id: no capture {request_id[:64]!r} of run {run_id!r}")
+        return known
 
 
 def _run_id(run_id: str, grant: Grant) -> str:

@@ -243,8 +243,8 @@ class Capturer:
 
     def finish(self, deadline: float) -> None:
         """The run ends: no more orders; a capture under way stops with the steps it has; an armed one
-        fails. Then wait for the imports until `deadline` (monotonic): they ship through the run's
-        shipper, which the end closes."""
+        fails. Then wait until `deadline` (monotonic) for the imports and their reports, which go over
+        the run's channel, closed at the end."""
         self.closed = True
         capture = self._run._capture
         if capture is not None:
