@@ -211,6 +211,71 @@ CAPTURES = Table(
     shard_key="cityHash64(run_id)",
 )
 
+# What is kept of a traced run once its import is over (query/kept.py): rows made from its events as they
+# were (of the fingerprint `generation`), read while its events are the same.
+KEPT_RANGES = Table(
+    "kept_ranges",
+    """
+    run_id LowCardinality(String),
+    host LowCardinality(String),
+    gpu Int16 COMMENT '-1: a range is on no GPU (named so that a window''s filters apply as to events)',
+    start DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+    end DateTime64(9, 'UTC') CODEC(ZSTD(1)),
+    range_id UInt64 COMMENT 'the range''s id in events',
+    kind LowCardinality(String),
+    name LowCardinality(String),
+    style LowCardinality(String),
+    depth UInt16,
+    pid UInt32,
+    tid UInt64,
+    ops UInt64 COMMENT 'GPU work launched inside the range, on its thread',
+    kernel_ops UInt64,
+    first_start Nullable(Int64) COMMENT 'ns: the first of that work to start; NULL: none',
+    last_end Nullable(Int64) COMMENT 'ns: the last of that work to end; NULL: none',
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work the row was made from'
+""",
+    "MergeTree",
+    order_by="(run_id, range_id)",
+    comment="each traced run's ranges with the GPU work launched inside them (nvtx-gpu), kept once imported",
+    time_column="start",
+    shard_key="cityHash64(run_id)",
+)
+
+KEPT_ISLANDS = Table(
+    "kept_islands",
+    """
+    run_id LowCardinality(String),
+    host LowCardinality(String),
+    gpu Int16,
+    start DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+    length Int64 COMMENT 'ns' CODEC(T64, LZ4),
+    gap Int64 COMMENT 'ns from the end of the island before it on its GPU; 0: none' CODEC(T64, LZ4),
+    end DateTime64(9, 'UTC') ALIAS fromUnixTimestamp64Nano(toUnixTimestamp64Nano(start) + length, 'UTC'),
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work the row was made from'
+""",
+    "MergeTree",
+    order_by="(run_id, host, gpu, start)",
+    comment="each traced run's GPU work merged into busy islands per GPU (gpu-time), kept once imported",
+    time_column="start",
+    shard_key="cityHash64(run_id)",
+)
+
+KEPT_RUNS = Table(
+    "kept_runs",
+    """
+    run_id String,
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work when its kept rows were made',
+    made DateTime64(9, 'UTC')
+""",
+    "ReplacingMergeTree",
+    version="made",
+    order_by="run_id",
+    comment="runs whose kept rows (kept_ranges, kept_islands) are whole, and of which fingerprint",
+    shard_key="cityHash64(run_id)",
+)
+
+KEPT = (KEPT_RANGES, KEPT_ISLANDS, KEPT_RUNS)
+
 # Rollups of `samples` (tracehouse.model.ROLLUP_SECONDS). min/max/sum/count rather than avg, so
 # that any coarser bucket made of them has an exact average.
 
@@ -368,17 +433,20 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(10, "captures on demand: requests and their outcomes", (CAPTURES,)),
+    Migration(11, "traced runs' NVTX projections and busy islands kept once imported", KEPT),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
 
 TABLES_BY_NAME = {
-    table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING, CAPTURES)
+    table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING, CAPTURES, *KEPT)
 } | {name: table for name, (table, _) in ROLLUPS.items()}
 # what `--retention NAME=DURATION` may name, and the tables each name stands for
-RETENTION_NAMES = {"samples": ("samples",), "events": ("events",), "rollups": tuple(ROLLUP_SECONDS)} | {
-    name: (name,) for name in ROLLUP_SECONDS
-}
+RETENTION_NAMES = {
+    "samples": ("samples",),
+    "events": ("events", "kept_ranges", "kept_islands"),  # what is kept of a run goes with its events
+    "rollups": tuple(ROLLUP_SECONDS),
+} | {name: (name,) for name in ROLLUP_SECONDS}
 
 
 def retention(entries: list[str]) -> dict[str, int]:

@@ -34,10 +34,12 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         admission: Admission | None = None,
         captures: CaptureBoard | None = None,
         rules: RuleEngine | None = None,
+        on_runs_described: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.captures = captures
         self.rules = rules
+        self.on_runs_described = on_runs_described  # once stored: an import's end, say (query/keeper.py)
         self.commit = commit
         self.admission = admission or Admission()
         self.run_locks = RunLocks()
@@ -62,6 +64,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         # a writer bound to run ids could name any host in its samples: its telemetry asks for no capture
         if self.rules is not None and batch.samples is not None and not result.duplicate and grant.runs is None:
             self.rules.observe(batch.samples)
+        if batch.runs is not None and not result.duplicate:
+            self.on_runs_described()
         waiting = self.captures is not None and self.captures.waiting(request.batch.run_id, request.batch.batch_id)
         return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, **result.rows)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from query.compare import MAX_COMPARE_RUNS, CompareSpan, compare_runs, compare_telemetry, compare_traced
 from query.gpuwork import GAP, NS, RANGE_KINDS, WORK_KINDS, Query, reach
-from query.projection import PHASE_METRICS, nvtx_gpu_ranges, nvtx_gpu_summary, phases
+from query.kept import KEEP_SETTINGS, keep_token, of_kept
+from query.projection import PHASE_METRICS, keep_ranges, kept_in_window, nvtx_gpu_ranges, nvtx_gpu_summary, phases
 from query.window import Predicates
 
 __all__ = [
@@ -32,6 +33,9 @@ __all__ = [
     "diff",
     "gpu_time",
     "idle_after_sync",
+    "keep_islands",
+    "keep_ranges",
+    "kept_in_window",
     "launch_latency",
     "nvtx_gpu_ranges",
     "nvtx_gpu_summary",
@@ -67,14 +71,17 @@ _GAP_KEY = "bitShiftLeft(toInt128(reach - s), 64) + reach"
 _LONG_GAP = f"{GAP} AND s - reach > {{min_gap:Int64}}"
 
 
-def gpu_time(where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int) -> Query:
+def gpu_time(
+    where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int,
+    kept: tuple[str, int] | None = None,
+) -> Query:  # fmt: skip
     """Per GPU: span, busy, idle, busy %, islands, how many gaps there are over `min_gap` and
-    the `max_gaps` longest of them as an array; one pass over the work. Busy time is the union's
-    extent less its gaps."""
+    the `max_gaps` longest of them as an array; one pass over the work, or over the islands `kept`
+    of the run (run id, fingerprint: query/kept.py). Busy time is the union's extent less its gaps."""
     span_start = "{clip_from:Int64}" if clip_from is not None else "first"
     span_end = "{clip_to:Int64}" if clip_to is not None else "last"
     sql = f"""
-WITH {reach(_work(where, clip_from, clip_to))}
+WITH {_kept_reach(where, clip_from, clip_to, kept) if kept else reach(_work(where, clip_from, clip_to))}
 SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_ns - busy_ns AS idle_ns,
        100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands, long_gaps, gaps
 FROM (
@@ -88,6 +95,46 @@ FROM (
 )
 ORDER BY host, gpu"""
     return sql, {**where.params, "min_gap": min_gap, "max_gaps": max_gaps}
+
+
+def _kept_reach(where: Predicates, clip_from: int | None, clip_to: int | None, kept: tuple[str, int]) -> str:
+    """CTE `reach` as `reach(_work(...))` has it, from the kept islands: each island in the window, clipped
+    to it, with the end of the island before it where that one is in the window too (else 0), which is
+    what the running reach of the work is at the island's first interval."""
+    start, end, before = "s0", "s0 + length", "gap > 0"
+    if clip_from is not None:
+        where.params["clip_from"] = clip_from
+        start, before = "greatest(s0, {clip_from:Int64})", "gap > 0 AND s0 - gap > {clip_from:Int64}"
+    if clip_to is not None:
+        where.params["clip_to"] = clip_to
+        end = "least(s0 + length, {clip_to:Int64})"
+    kept_rows, params = of_kept([kept])
+    where.params.update(params)
+    return f"""
+reach AS (
+    SELECT host, gpu, {start} AS s, {end} AS e, if({before}, s0 - gap, 0) AS reach
+    FROM (SELECT host, gpu, {NS}(start) AS s0, length, gap FROM {{db}}.kept_islands
+          WHERE {kept_rows} AND {where.sql()})
+    WHERE e > s
+)"""
+
+
+def keep_islands(run_id: str, generation: int) -> Query:
+    """INSERT of a run's GPU work merged into busy islands per GPU into `kept_islands` (query/kept.py), each
+    with the gap before it: an island starts where the work's running reach leaves one."""
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id=run_id)
+    sql = f"""
+INSERT INTO {{db}}.kept_islands (run_id, host, gpu, start, length, gap, generation)
+WITH {reach(_work(where, None, None))}
+SELECT {{run_id:String}}, host, gpu, fromUnixTimestamp64Nano(min(s), 'UTC'), max(e) - min(s),
+       if(min(reach) = 0, 0, min(s) - min(reach)), {{generation:UInt64}}
+FROM (SELECT host, gpu, s, e, reach,
+             sum(reach = 0 OR {GAP}) OVER (PARTITION BY host, gpu ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
+      FROM reach)
+GROUP BY host, gpu, island ORDER BY host, gpu, island
+SETTINGS {KEEP_SETTINGS}"""
+    return sql, {**where.params, "generation": generation, "token": keep_token("kept_islands", run_id, generation)}
 
 
 def launch_latency(where: Predicates) -> Query:

@@ -4,7 +4,10 @@ telemetry there. Pure: text and bound parameters."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from query.gpuwork import NS, RANGE_KINDS, SCOPE, TRACED_RUNS, WORK_KINDS, Query, lent, own
+from query.kept import KEEP_SETTINGS, keep_token, kept_runs, of_kept
 from query.sql import capped_sum
 from query.window import COMPLETE, Predicates
 
@@ -21,16 +24,16 @@ def _gpu_key(host: str, gpu: str) -> str:
 PHASE_METRICS = {metric.replace(".", "_"): metric for metric in ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w")}
 
 
-def _ranges(where: Predicates, materialized: bool = False, one_thread: bool = False) -> str:
-    """CTE `ranges`: NVTX ranges, phases and steps in the window; with `one_thread`, only those that
-    end on the thread they start on (Nsight Systems projects no start/end range that ends on another).
-    Materialized (computed once, not once per reference) where the query says
+def _ranges(where: Predicates, materialized: bool = False, one_thread: bool = False, besides: str = "1") -> str:
+    """CTE `ranges`: NVTX ranges, phases and steps in the window (and `besides`); with `one_thread`, only
+    those that end on the thread they start on (Nsight Systems projects no start/end range that ends on
+    another). Materialized (computed once, not once per reference) where the query says
     SETTINGS enable_materialized_cte = 1."""
     return f"""
 ranges AS {"MATERIALIZED " if materialized else ""}(
     SELECT id AS range_id, run_id, host, {SCOPE} AS scope, kind, name, pid, tid, depth,
            extras['style'] AS style, {NS}(start) AS rs, {NS}(end) AS re
-    FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}
+    FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()} AND {besides}
     {"AND NOT mapContains(extras, 'end_tid')" if one_thread else ""}
 )"""
 
@@ -59,7 +62,7 @@ SELECT cityHash64(host, if({own(ranges)}, {SCOPE}, ''), pid, tid) AS thread, kin
        {NS}(launch_start) AS ls, {NS}(start) AS s, {NS}(end) AS e
 FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND launch_start IS NOT NULL AND {COMPLETE}
-  AND host IN (SELECT DISTINCT host FROM {ranges})
+  AND (SELECT count() > 0 FROM {ranges}) AND host IN (SELECT DISTINCT host FROM {ranges})
   AND launch_start >= fromUnixTimestamp64Nano((SELECT min(rs) FROM {ranges}), 'UTC')
   AND launch_start < fromUnixTimestamp64Nano((SELECT max(re) FROM {ranges}), 'UTC')
   AND ({own(ranges)} OR {lent(ranges)})"""
@@ -79,22 +82,59 @@ projection AS (
 )"""
 
 
-def nvtx_gpu_summary(where: Predicates) -> Query:
-    """Per range name and style (as nvtx_gpu_proj_sum): instances, range time, and the projected GPU
-    time of the ranges."""
-    # output names never reuse an input column's name: ClickHouse would read the alias instead
+def keep_ranges(run_id: str, generation: int) -> Query:
+    """INSERT of a run's ranges with their projection into `kept_ranges` (query/kept.py): a traced run's
+    ranges meet its own GPU work only, so their projection is fixed while the run's rows are."""
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id=run_id)
     sql = f"""
+INSERT INTO {{db}}.kept_ranges (run_id, host, gpu, start, end, range_id, kind, name, style, depth, pid, tid, ops,
+                                kernel_ops, first_start, last_end, generation)
 WITH {_ranges(where, materialized=True, one_thread=True)},
 {_projection("ranges")}
+SELECT run_id, host, -1, fromUnixTimestamp64Nano(rs, 'UTC'), fromUnixTimestamp64Nano(re, 'UTC'), range_id, kind, name,
+       style, depth, pid, tid, ops, kernel_ops, first_start, last_end, {{generation:UInt64}}
+FROM projection ORDER BY range_id
+SETTINGS enable_materialized_cte = 1, {KEEP_SETTINGS}"""
+    return sql, {**where.params, "generation": generation, "token": keep_token("kept_ranges", run_id, generation)}
+
+
+def kept_in_window(where: Predicates) -> Query:
+    """The runs with ranges in the window: (run_id, generation, kept), kept when what is kept of the run is of
+    its rows as they are now."""
+    in_window = f"SELECT DISTINCT run_id FROM {{db}}.events WHERE kind IN {RANGE_KINDS} AND {where.sql()}"
+    return kept_runs(in_window), where.params
+
+
+def nvtx_gpu_summary(where: Predicates, kept: Sequence[tuple[str, int]] = (), others: bool = True) -> Query:
+    """Per range name and style (as nvtx_gpu_proj_sum): instances, range time, and the projected GPU
+    time of the ranges: those of the `kept` runs (run id, generation) as kept, and with `others` the other
+    runs' made now."""
+    made = []
+    kept_rows, kept_params = of_kept(kept)
+    if others or not kept:
+        besides = "run_id NOT IN {kept_runs:Array(String)}" if kept else "1"
+        made.append(f"""
+WITH {_ranges(where, materialized=True, one_thread=True, besides=besides)},
+{_projection("ranges")}
+SELECT name, style, rs, re, ops, kernel_ops, projected FROM projection""")
+    if kept:
+        made.append(f"""
+SELECT name, style, {NS}(start) AS rs, {NS}(end) AS re, ops, kernel_ops, last_end - first_start AS projected
+FROM {{db}}.kept_ranges
+WHERE {kept_rows} AND {where.sql()}""")
+    together = "\nUNION ALL\n".join(f"SELECT * FROM ({part})" for part in made)
+    # output names never reuse an input column's name: ClickHouse would read the alias instead
+    sql = f"""
 SELECT name, style, count() AS instances, countIf(ops > 0) AS with_gpu_work, {capped_sum("re - rs")} AS range_total_ns,
        if(countIf(ops > 0) = 0, NULL, {capped_sum("projected")}) AS gpu_total_ns, avg(projected) AS gpu_avg_ns,
        quantileExactInclusive(0.5)(projected) AS gpu_med_ns, min(projected) AS gpu_min_ns,
        max(projected) AS gpu_max_ns,
        multiIf(countIf(ops > 0) > 1, stddevSamp(projected), countIf(ops > 0) = 1, 0, NULL) AS gpu_stddev_ns,
        sum(ops) AS gpu_ops, sum(kernel_ops) AS kernels
-FROM projection GROUP BY name, style ORDER BY gpu_total_ns DESC, name, style
+FROM ({together}) GROUP BY name, style ORDER BY gpu_total_ns DESC, name, style
 SETTINGS enable_materialized_cte = 1"""
-    return sql, where.params
+    return sql, {**where.params, **kept_params}
 
 
 def nvtx_gpu_ranges(where: Predicates, limit: int) -> Query:

@@ -16,6 +16,7 @@ from ingest.store import Store, ipc_bytes
 from ingest.storeerrors import StoreError, StoreUnavailable
 from query import analysis, lanes, sql, verdict
 from query.compare_answer import compare_table
+from query.kept import kept_runs
 from query.window import (
     Predicates,
     QueryError,
@@ -286,8 +287,9 @@ class QueryService(query_pb2_grpc.QueryServicer):
         if min_gap < 0:
             raise QueryError("min_gap_ns", "must not be negative")
         max_gaps = _bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
+        kept = self._kept(run.run_id) if run is not None else None
         table = self.store.query(
-            *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps)
+            *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps, kept)
         )
         gaps = _unfold_gaps(table, max_gaps)
         gpus = table.drop_columns(["gaps", "long_gaps"])
@@ -298,11 +300,19 @@ class QueryService(query_pb2_grpc.QueryServicer):
             gap_count=count,
         )
 
+    def _kept(self, run_id: str) -> tuple[str, int] | None:
+        """(run id, fingerprint) when what is kept of the run holds for its rows (query/kept.py)."""
+        rows = self.store.query(kept_runs("SELECT {run_id:String}"), {"run_id": run_id}).to_pylist()
+        return (run_id, rows[0]["generation"]) if rows and rows[0]["kept"] else None
+
     def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
         window, run = self._scope(request.window)
         limit = _bounded(request.limit, 0, self.limits.max_list_rows, "limit")
+        runs = self.store.query(*analysis.kept_in_window(event_predicates(window, run))).to_pylist()
+        kept = [(row["run_id"], row["generation"]) for row in runs if row["kept"]]
+        others = len(kept) < len(runs)
         answer = query_pb2.NvtxGpuResponse(
-            summary=self._table(*analysis.nvtx_gpu_summary(event_predicates(window, run)))
+            summary=self._table(*analysis.nvtx_gpu_summary(event_predicates(window, run), kept, others))
         )
         if limit:
             answer.ranges.CopyFrom(self._table(*analysis.nvtx_gpu_ranges(event_predicates(window, run), limit)))

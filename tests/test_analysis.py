@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import pytest
 
 from ingest.store import Store, without_materialized_cte
 from query import analysis
-from query.client import Client, QueryFailed
+from query.client import Client, QueryFailed, to_frame
+from query.keeper import Keeper, keep_runs
+from query.kept import kept_runs
 from query.window import Predicates
 from tests.conftest import FIXTURES
-from tests.timeline_trace import HOST, MS, US, Trace, make_trace, store_trace
+from tests.timeline_trace import HOST, MS, PID, US, Trace, make_trace, store_trace
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
@@ -56,9 +59,15 @@ def overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
 # -- gpu-time -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["made at the question", "kept islands"])
 @pytest.mark.parametrize("window", ["run", "crossing borders", "range instance"])
-def test_gpu_time_matches_the_union_of_intervals(client: Client, traces: dict[str, Trace], window: str) -> None:
+def test_gpu_time_matches_the_union_of_intervals(
+    store: Store, client: Client, traces: dict[str, Trace], window: str, kept: bool
+) -> None:
     trace = traces["r1"]
+    if kept:
+        keep_runs(store)
+        assert _kept(store, "r1")
     if window == "run":
         lo, hi, args = trace.start, trace.end, {"run": "r1"}
     elif window == "crossing borders":
@@ -129,6 +138,70 @@ def test_nvtx_ranges_project_onto_the_gpu_work_launched_inside(client: Client, t
         assert row["gpu_stddev_ns"] == pytest.approx(statistics.stdev(durations) if len(durations) > 1 else 0)
     assert summary.loc["idle", "with_gpu_work"] == 0 and summary.loc["idle", "instances"] == 2 * 40
     assert list(ranges["start_ns"]) == sorted(ranges["start_ns"])
+
+
+def _made_now(store: Store, run: str) -> pd.DataFrame:
+    """nvtx-gpu's summary of `run` with its projection made at the question, whatever is kept."""
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id=run)
+    return to_frame(store.query(*analysis.nvtx_gpu_summary(where)))
+
+
+def _gpu_time(store: Store, run: str, kept: tuple[str, int] | None = None) -> list[dict[str, object]]:
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id=run)
+    return store.query(*analysis.gpu_time(where, None, None, 1, 100_000, kept)).to_pylist()
+
+
+def _kept(store: Store, run: str) -> bool:
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id=run)
+    return all(row["kept"] for row in store.query(*analysis.kept_in_window(where)).to_pylist())
+
+
+def test_a_kept_projection_answers_as_one_made_at_the_question(
+    store: Store, client: Client, ingest: ingest_pb2_grpc.IngestStub, traces: dict[str, Trace]
+) -> None:
+    """Once an imported trace's projection is kept, nvtx-gpu reads it, and answers what it answered
+    before; rows added to the run later (another trace imported into it) are seen at once."""
+    made_now = _made_now(store, "r1")
+    keep_runs(store)  # (serve's keeper may have kept them already)
+    assert _kept(store, "r1") and _kept(store, "r2") and keep_runs(store) == 0
+    kept = store.query("SELECT count() AS n FROM {db}.kept_ranges WHERE run_id = 'r1'").to_pylist()[0]["n"]
+    assert kept == len(traces["r1"].ranges), "a row per range, stored once however often it is made"
+    pd.testing.assert_frame_equal(client.nvtx_gpu(run="r1")["summary"], made_now)
+
+    r = next(r for r in traces["r1"].ranges if r["name"] == "idle")  # a range with no GPU work
+    added = BatchBuilder("r1-more", run_id="r1", host=HOST)
+    added.add_events("kernel", [r["start"] + 20 * US], [r["start"] + 30 * US], "late", gpu=0, stream=7, pid=PID,
+                     tid=r["tid"], launch_start=[r["start"] + 10 * US])  # fmt: skip
+    ingest.Write(ingest_pb2.WriteRequest(batch=added.build()), timeout=30)
+    assert not _kept(store, "r1"), "the kept projection is of rows that are no longer all"
+    summary = client.nvtx_gpu(run="r1")["summary"].set_index("name")
+    assert summary.loc["idle", "with_gpu_work"] == 1 and summary.loc["idle", "gpu_total_ns"] == 10 * US
+    pd.testing.assert_frame_equal(client.nvtx_gpu(run="r1")["summary"], _made_now(store, "r1"))
+    keep_runs(store)
+    assert _kept(store, "r1")
+    pd.testing.assert_frame_equal(client.nvtx_gpu(run="r1")["summary"], _made_now(store, "r1"))
+    generations = store.query("SELECT DISTINCT generation FROM {db}.kept_ranges WHERE run_id = 'r1'").to_pylist()
+    assert len(generations) == 1, "what was kept before is deleted on the embedded store"
+
+
+def test_serve_keeps_what_questions_read_of_imported_traces(store: Store, traces: dict[str, Trace]) -> None:
+    """Soon after an import ends (its run described), its server keeps it."""
+    deadline = time.monotonic() + 60
+    while not (_kept(store, "r1") and _kept(store, "r2")):
+        assert time.monotonic() < deadline, "serve kept nothing"
+        time.sleep(0.2)
+
+
+def test_the_keeper_stops_when_asked(store: Store) -> None:
+    keeper = Keeper(store, every_s=0.05, soon_s=0.05)
+    keeper.start()
+    time.sleep(0.3)  # a few passes over an empty store
+    started = time.monotonic()
+    keeper.close()
+    assert time.monotonic() - started < 5
 
 
 # -- phases -------------------------------------------------------------------------------------
@@ -251,7 +324,8 @@ NSYS = FIXTURES / "nsys"
 
 
 @pytest.mark.skipif(not NSYS.is_dir(), reason=f"no real exports in {NSYS}")
-def test_every_analysis_runs_on_every_real_export(client: Client, address: str) -> None:
+def test_every_analysis_runs_on_every_real_export(store: Store, client: Client, address: str) -> None:
+    """... and what is kept of each export answers as its events do."""
     from agent.shipping.writer import BatchWriter
     from agent.traces.importer import import_export
 
@@ -263,6 +337,19 @@ def test_every_analysis_runs_on_every_real_export(client: Client, address: str) 
         client.nvtx_gpu(run=run)
         client.phases(run=run)
         client.launch(run=run)
+    made_now = {run: (_made_now(store, run), _gpu_time(store, run)) for run in runs}
+    keep_runs(store)
+    compared = 0
+    for run in runs:
+        fingerprint = store.query(kept_runs("SELECT {run_id:String}"), {"run_id": run}).to_pylist()
+        if not fingerprint:
+            continue  # no ranges, no GPU work: nothing to keep
+        assert fingerprint[0]["kept"], run
+        summary = client.nvtx_gpu(run=run)["summary"]
+        pd.testing.assert_frame_equal(summary, made_now[run][0], check_exact=False, rtol=1e-9)
+        assert _gpu_time(store, run, (run, fingerprint[0]["generation"])) == made_now[run][1], run
+        compared += 1
+    assert compared >= len(runs) - 1, "every export but one has ranges or GPU work"
     projected = client.nvtx_gpu(run=runs[2])["summary"].set_index("name")  # 2022.2: MPI ranges around saxpy
     assert projected.loc["saxpy", "kernels"] == 5 and projected.loc["saxpy", "with_gpu_work"] == 5
     assert not client.diff(runs[0], runs[1]).empty

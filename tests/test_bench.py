@@ -32,14 +32,16 @@ def test_bench_agent_runs_and_stores_every_value() -> None:
 
 def test_bench_query_builds_the_run_it_asks_about() -> None:
     result = bench_query(kernels=8_000, ranges=800, samples=32_000)
-    assert result["data"] | {"span_s": 0, "generated_in_s": 0} == {
-        "kernels": 8_000, "api": 8_000, "ranges": 800, "samples": 32_000, "span_s": 0, "generated_in_s": 0
+    assert result["data"] | {"span_s": 0, "generated_in_s": 0, "kept_in_s": 0} == {
+        "kernels": 8_000, "api": 8_000, "ranges": 800, "samples": 32_000, "span_s": 0, "generated_in_s": 0,
+        "kept_in_s": 0,
     }  # fmt: skip
     assert set(result["seconds"]) == {
         "baseline_scan_events", "series_2000_points", "events_1s_window", "lanes_1500_buckets", "gpu_time",
         "nvtx_gpu", "phases"
     }  # fmt: skip
     assert all(seconds > 0 for seconds in result["seconds"].values())
+    assert set(result["made_at_the_question_seconds"]) == {"gpu_time", "nvtx_gpu"}
 
 
 def test_bench_storage_measures_what_it_stored() -> None:

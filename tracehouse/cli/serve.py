@@ -42,6 +42,7 @@ from ingest.store import (
     parse_store_url,
 )
 from ingest.validate import BatchError
+from query.keeper import Keeper
 from query.service import QueryService
 from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
@@ -164,6 +165,7 @@ class Server:
     commit: GroupCommit | None = None
     captures: CaptureBoard | None = None
     rules: RuleEngine | None = None
+    keeper: Keeper | None = None
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -180,6 +182,8 @@ class Server:
             self.rules.close()
         if self.captures is not None:
             self.captures.close()
+        if self.keeper is not None:
+            self.keeper.close()
         if self.local_folder is not None:
             shutil.rmtree(self.local_folder, ignore_errors=True)
 
@@ -221,7 +225,8 @@ def create_server(
 
         rules = RuleEngine(store, capture_rules, ask, capture_service.add_comparison)
         capture_service.on_imported = rules.imported
-    ingest_service = IngestService(store, group_commit, admission, captures, rules)
+    keeper = Keeper(store)
+    ingest_service = IngestService(store, group_commit, admission, captures, rules, keeper.described)
     add_service(server, INGEST, ingest_service, limits.max_batch_bytes)
     add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
     add_service(server, CAPTURE, capture_service, limits.max_string_bytes * 4)
@@ -252,7 +257,8 @@ def create_server(
     captures.start()
     if rules is not None:
         rules.start()
-    running = Server(server, port, health_servicer, local_address, local_folder, group_commit, captures, rules)
+    keeper.start()
+    running = Server(server, port, health_servicer, local_address, local_folder, group_commit, captures, rules, keeper)
     running.set_serving(True)
     store.on_health(running.set_serving)
     return running
