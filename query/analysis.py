@@ -45,15 +45,20 @@ __all__ = [
 ]
 
 
-def _work(where: Predicates, clip_from: int | None, clip_to: int | None) -> str:
-    """GPU work (kernels and memory operations) in the window, clipped to it."""
-    start, end = f"{NS}(start)", f"{NS}(end)"
+def _clipped(where: Predicates, start: str, end: str, clip_from: int | None, clip_to: int | None) -> tuple[str, str]:
+    """`start` and `end` (SQL, ns) clipped to the window's bounds, which `where` binds."""
     if clip_from is not None:
         where.params["clip_from"] = clip_from
         start = f"greatest({start}, {{clip_from:Int64}})"
     if clip_to is not None:
         where.params["clip_to"] = clip_to
         end = f"least({end}, {{clip_to:Int64}})"
+    return start, end
+
+
+def _work(where: Predicates, clip_from: int | None, clip_to: int | None) -> str:
+    """GPU work (kernels and memory operations) in the window, clipped to it."""
+    start, end = _clipped(where, f"{NS}(start)", f"{NS}(end)", clip_from, clip_to)
     return f"""
 SELECT host, gpu, {start} AS s, {end} AS e FROM {{db}}.events
 WHERE kind IN {WORK_KINDS} AND gpu >= 0 AND {where.sql()}"""
@@ -101,13 +106,8 @@ def _kept_reach(where: Predicates, clip_from: int | None, clip_to: int | None, k
     """CTE `reach` as `reach(_work(...))` has it, from the kept islands: each island in the window, clipped
     to it, with the end of the island before it where that one is in the window too (else 0), which is
     what the running reach of the work is at the island's first interval."""
-    start, end, before = "s0", "s0 + length", "gap > 0"
-    if clip_from is not None:
-        where.params["clip_from"] = clip_from
-        start, before = "greatest(s0, {clip_from:Int64})", "gap > 0 AND s0 - gap > {clip_from:Int64}"
-    if clip_to is not None:
-        where.params["clip_to"] = clip_to
-        end = "least(s0 + length, {clip_to:Int64})"
+    start, end = _clipped(where, "s0", "s0 + length", clip_from, clip_to)
+    before = "gap > 0" if clip_from is None else "gap > 0 AND s0 - gap > {clip_from:Int64}"
     kept_rows, params = of_kept([kept])
     where.params.update(params)
     return f"""

@@ -26,10 +26,10 @@ def of_kept(kept: Sequence[tuple[str, int]]) -> tuple[str, dict[str, object]]:
     """SQL that holds for a kept table's rows of the `kept` runs (run id, fingerprint), and its parameters.
     (transform() runs once per run id in a block, where a tuple IN tries every row.)"""
     sql = (
-        "run_id IN {kept_runs:Array(String)} AND "
-        "generation = transform(run_id, {kept_runs:Array(String)}, {kept_generations:Array(UInt64)}, toUInt64(0))"
+        "run_id IN {kept_run_ids:Array(String)} AND "
+        "generation = transform(run_id, {kept_run_ids:Array(String)}, {kept_generations:Array(UInt64)}, toUInt64(0))"
     )
-    return sql, {"kept_runs": [run for run, _ in kept], "kept_generations": [generation for _, generation in kept]}
+    return sql, {"kept_run_ids": [run for run, _ in kept], "kept_generations": [generation for _, generation in kept]}
 
 
 def keep_token(table: str, run_id: str, generation: int) -> str:

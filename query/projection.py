@@ -113,7 +113,7 @@ def nvtx_gpu_summary(where: Predicates, kept: Sequence[tuple[str, int]] = (), ot
     made = []
     kept_rows, kept_params = of_kept(kept)
     if others or not kept:
-        besides = "run_id NOT IN {kept_runs:Array(String)}" if kept else "1"
+        besides = "run_id NOT IN {kept_run_ids:Array(String)}" if kept else "1"
         made.append(f"""
 WITH {_ranges(where, materialized=True, one_thread=True, besides=besides)},
 {_projection("ranges")}

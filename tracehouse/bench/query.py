@@ -104,14 +104,19 @@ def _ask(store: Store, t0: int, span: int) -> dict[str, float]:
         "nvtx_gpu": lambda: client.nvtx_gpu(run="bench-run"),
         "phases": lambda: client.phases(run="bench-run"),
     }
-    seconds = {}
     try:
-        for name, ask in questions.items():
-            ask()  # the first run warms caches; the second is timed
-            seconds[name] = round(_timed(ask), 3)
+        return _second_answers(questions)
     finally:
         client.close()
         server.stop(5)
+
+
+def _second_answers(questions: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Each question asked twice: the second answer's seconds (the first warms caches)."""
+    seconds = {}
+    for name, ask in questions.items():
+        ask()
+        seconds[name] = round(_timed(ask), 3)
     return seconds
 
 
@@ -124,11 +129,7 @@ def _made_at_the_question(store: Store, t0: int, span: int) -> dict[str, float]:
         "gpu_time": lambda: store.query(*gpu_time(where, t0, t0 + span, DEFAULT_MIN_GAP_NS, 1000)),
         "nvtx_gpu": lambda: store.query(*nvtx_gpu_summary(where)),
     }
-    seconds = {}
-    for name, ask in questions.items():
-        ask()
-        seconds[name] = round(_timed(ask), 3)
-    return seconds
+    return _second_answers(questions)
 
 
 def bench_query(kernels: int, ranges: int, samples: int) -> dict[str, Any]:
