@@ -260,6 +260,46 @@ KEPT_ISLANDS = Table(
     shard_key="cityHash64(run_id)",
 )
 
+# the islands summed up per GPU, and the gaps between them longest first: what gpu-time reads of a GPU whose
+# every island lies in the window, a row per GPU and the longest gaps asked for
+KEPT_GPUS = Table(
+    "kept_gpus",
+    """
+    run_id LowCardinality(String),
+    host LowCardinality(String),
+    gpu Int16,
+    start DateTime64(9, 'UTC') COMMENT 'the first island''s start',
+    end DateTime64(9, 'UTC') COMMENT 'the last island''s end',
+    busy Int64 COMMENT 'ns: the islands'' lengths summed',
+    islands UInt64,
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work the row was made from'
+""",
+    "MergeTree",
+    order_by="(run_id, host, gpu)",
+    comment="each traced run's busy islands summed up per GPU (gpu-time), kept once imported",
+    time_column="start",
+    shard_key="cityHash64(run_id)",
+)
+
+KEPT_GAPS = Table(
+    "kept_gaps",
+    """
+    run_id LowCardinality(String),
+    host LowCardinality(String),
+    gpu Int16,
+    rank UInt64 COMMENT '1: the GPU''s longest gap; of gaps as long, the earliest first',
+    start DateTime64(9, 'UTC') COMMENT 'the end of the island before the gap' CODEC(ZSTD(1)),
+    length Int64 COMMENT 'ns' CODEC(T64, LZ4),
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work the row was made from',
+    INDEX length_minmax length TYPE minmax GRANULARITY 1
+""",
+    "MergeTree",
+    order_by="(run_id, host, gpu, rank)",
+    comment="the gaps between each traced run's busy islands per GPU, longest first (gpu-time), kept once imported",
+    time_column="start",
+    shard_key="cityHash64(run_id)",
+)
+
 KEPT_RUNS = Table(
     "kept_runs",
     """
@@ -274,7 +314,8 @@ KEPT_RUNS = Table(
     shard_key="cityHash64(run_id)",
 )
 
-KEPT = (KEPT_RANGES, KEPT_ISLANDS, KEPT_RUNS)
+KEPT_ROWS = (KEPT_RANGES, KEPT_ISLANDS, KEPT_GPUS, KEPT_GAPS)  # a traced run's, with its fingerprint
+KEPT = (*KEPT_ROWS, KEPT_RUNS)
 
 # Rollups of `samples` (tracehouse.model.ROLLUP_SECONDS). min/max/sum/count rather than avg, so
 # that any coarser bucket made of them has an exact average.
@@ -433,7 +474,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(10, "captures on demand: requests and their outcomes", (CAPTURES,)),
-    Migration(11, "traced runs' NVTX projections and busy islands kept once imported", KEPT),
+    Migration(
+        11, "traced runs' NVTX projections and busy islands kept once imported", (KEPT_RANGES, KEPT_ISLANDS, KEPT_RUNS)
+    ),
+    # runs kept before are kept again, these with the rest: what is kept is part of their fingerprint (query/kept.py)
+    Migration(12, "traced runs' busy islands per GPU and their gaps longest first kept", (KEPT_GPUS, KEPT_GAPS)),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
@@ -444,7 +489,7 @@ TABLES_BY_NAME = {
 # what `--retention NAME=DURATION` may name, and the tables each name stands for
 RETENTION_NAMES = {
     "samples": ("samples",),
-    "events": ("events", "kept_ranges", "kept_islands"),  # what is kept of a run goes with its events
+    "events": ("events", *(table.name for table in KEPT_ROWS)),  # what is kept of a run goes with its events
     "rollups": tuple(ROLLUP_SECONDS),
 } | {name: (name,) for name in ROLLUP_SECONDS}
 

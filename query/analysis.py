@@ -33,9 +33,12 @@ __all__ = [
     "diff",
     "gpu_time",
     "idle_after_sync",
+    "keep_gaps",
+    "keep_gpus",
     "keep_islands",
     "keep_ranges",
     "kept_in_window",
+    "kept_span",
     "launch_latency",
     "nvtx_gpu_ranges",
     "nvtx_gpu_summary",
@@ -78,38 +81,68 @@ _LONG_GAP = f"{GAP} AND s - reach > {{min_gap:Int64}}"
 
 def gpu_time(
     where: Predicates, clip_from: int | None, clip_to: int | None, min_gap: int, max_gaps: int,
-    kept: tuple[str, int] | None = None,
+    kept: tuple[str, int] | None = None, whole: bool = False,
 ) -> Query:  # fmt: skip
     """Per GPU: span, busy, idle, busy %, islands, how many gaps there are over `min_gap` and
-    the `max_gaps` longest of them as an array; one pass over the work, or over the islands `kept`
-    of the run (run id, fingerprint: query/kept.py). Busy time is the union's extent less its gaps."""
+    the `max_gaps` longest of them as an array; one pass over the work. Busy time is the union's extent
+    less its gaps. Of a run `kept` (run id, fingerprint: query/kept.py): one pass over its kept islands in
+    the window, or, `whole` (the window holds every island: `kept_span`), a row per GPU and the gaps asked
+    for."""
+    params: dict[str, object] = {"min_gap": min_gap, "max_gaps": max_gaps, "clip_from": clip_from, "clip_to": clip_to}
+    if kept is None:
+        per_gpu = _per_gpu_of_reach(reach(_work(where, clip_from, clip_to)))
+    else:
+        kept_rows, kept_params = of_kept([kept])
+        where.params.update(kept_params)
+        per_gpu = (
+            _whole_gpus(where, kept_rows) if whole
+            else _per_gpu_of_reach(_kept_reach(where, clip_from, clip_to, kept_rows))
+        )  # fmt: skip
     span_start = "{clip_from:Int64}" if clip_from is not None else "first"
     span_end = "{clip_to:Int64}" if clip_to is not None else "last"
     sql = f"""
-WITH {_kept_reach(where, clip_from, clip_to, kept) if kept else reach(_work(where, clip_from, clip_to))}
-SELECT host, gpu, span_start_ns, span_end_ns, busy_ns, span_end_ns - span_start_ns - busy_ns AS idle_ns,
-       100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct, islands, long_gaps, gaps
-FROM (
-    SELECT host, gpu, min(s) AS first, max(e) AS last, {span_start} AS span_start_ns, {span_end} AS span_end_ns,
-           last - first - sumIf(s - reach, {GAP}) AS busy_ns, countIf({GAP}) + 1 AS islands,
-           countIf({_LONG_GAP}) AS long_gaps,
-           arrayMap(k -> (toInt64(bitAnd(k, 0xFFFFFFFFFFFFFFFF)) AS at, at - toInt64(bitShiftRight(k, 64)),
-                          -toInt64(bitShiftRight(k, 64))),
-                    groupArraySortedIf({{max_gaps:UInt32}})({_GAP_KEY}, {_LONG_GAP})) AS gaps
-    FROM reach GROUP BY host, gpu
-)
+SELECT host, gpu, {span_start} AS span_start_ns, {span_end} AS span_end_ns, busy_ns,
+       span_end_ns - span_start_ns - busy_ns AS idle_ns, 100 * busy_ns / (span_end_ns - span_start_ns) AS busy_pct,
+       islands, long_gaps, gaps
+FROM ({per_gpu})
 ORDER BY host, gpu"""
-    return sql, {**where.params, "min_gap": min_gap, "max_gaps": max_gaps}
+    if kept is not None and whole:  # kept_gaps are sorted by GPU: counted in that order, several times faster
+        sql += "\nSETTINGS optimize_aggregation_in_order = 1"
+    return sql, {**where.params, **{k: v for k, v in params.items() if v is not None}}
 
 
-def _kept_reach(where: Predicates, clip_from: int | None, clip_to: int | None, kept: tuple[str, int]) -> str:
+def _per_gpu_of_reach(ctes: str) -> str:
+    """gpu_time's rows before its span (first, last, busy_ns, islands, long_gaps, gaps per GPU) of `ctes`, whose
+    `reach` has the work (or islands) with the running reach of the ends before each."""
+    return f"""
+WITH {ctes}
+SELECT host, gpu, min(s) AS first, max(e) AS last, last - first - sumIf(s - reach, {GAP}) AS busy_ns,
+       countIf({GAP}) + 1 AS islands, countIf({_LONG_GAP}) AS long_gaps,
+       arrayMap(k -> (toInt64(bitAnd(k, 0xFFFFFFFFFFFFFFFF)) AS at, at - toInt64(bitShiftRight(k, 64)),
+                      -toInt64(bitShiftRight(k, 64))),
+                groupArraySortedIf({{max_gaps:UInt32}})({_GAP_KEY}, {_LONG_GAP})) AS gaps
+FROM reach GROUP BY host, gpu"""
+
+
+def _whole_gpus(where: Predicates, kept_rows: str) -> str:
+    """gpu_time's rows before its span, of a kept run whose every island is in the window: a row per GPU as
+    kept, its gaps over min_gap counted and the longest read by their rank."""
+    gaps = f"FROM {{db}}.kept_gaps WHERE {kept_rows} AND length > {{min_gap:Int64}}"
+    return f"""
+SELECT host, gpu, {NS}(start) AS first, {NS}(end) AS last, busy AS busy_ns, islands, long_gaps, gaps
+FROM (SELECT * FROM {{db}}.kept_gpus WHERE {kept_rows} AND {where.sql()}) AS g
+LEFT JOIN (SELECT host, gpu, count() AS long_gaps {gaps} GROUP BY host, gpu) AS n USING (host, gpu)
+LEFT JOIN (SELECT host, gpu,
+                  arrayMap(r -> r.2, arraySort(groupArray((rank, ({NS}(start), {NS}(start) + length, length))))) AS gaps
+           {gaps} AND rank <= {{max_gaps:UInt32}} GROUP BY host, gpu) AS l USING (host, gpu)"""
+
+
+def _kept_reach(where: Predicates, clip_from: int | None, clip_to: int | None, kept_rows: str) -> str:
     """CTE `reach` as `reach(_work(...))` has it, from the kept islands: each island in the window, clipped
     to it, with the end of the island before it where that one is in the window too (else 0), which is
     what the running reach of the work is at the island's first interval."""
     start, end = _clipped(where, "s0", "s0 + length", clip_from, clip_to)
     before = "gap > 0" if clip_from is None else "gap > 0 AND s0 - gap > {clip_from:Int64}"
-    kept_rows, params = of_kept([kept])
-    where.params.update(params)
     return f"""
 reach AS (
     SELECT host, gpu, {start} AS s, {end} AS e, if({before}, s0 - gap, 0) AS reach
@@ -117,6 +150,14 @@ reach AS (
           WHERE {kept_rows} AND {where.sql()})
     WHERE e > s
 )"""
+
+
+def kept_span(kept: tuple[str, int]) -> Query:
+    """(first, last): where the islands of a `kept` run (run id, fingerprint) start and end; a window that
+    holds both holds them all (gpu_time's `whole`)."""
+    kept_rows, params = of_kept([kept])
+    sql = f"SELECT min({NS}(start)) AS first, max({NS}(end)) AS last FROM {{db}}.kept_gpus WHERE {kept_rows}"
+    return sql, params
 
 
 def keep_islands(run_id: str, generation: int) -> Query:
@@ -135,6 +176,30 @@ FROM (SELECT host, gpu, s, e, reach,
 GROUP BY host, gpu, island ORDER BY host, gpu, island
 SETTINGS {KEEP_SETTINGS}"""
     return sql, {**where.params, "generation": generation, "token": keep_token("kept_islands", run_id, generation)}
+
+
+def keep_gpus(run_id: str, generation: int) -> Query:
+    """INSERT of a run's kept islands (of fingerprint `generation`) summed up per GPU into `kept_gpus`."""
+    sql = f"""
+INSERT INTO {{db}}.kept_gpus (run_id, host, gpu, start, end, busy, islands, generation)
+SELECT {{run_id:String}}, host, gpu, min(start), max(end), sum(length), count(), {{generation:UInt64}}
+FROM {{db}}.kept_islands WHERE run_id = {{run_id:String}} AND generation = {{generation:UInt64}}
+GROUP BY host, gpu ORDER BY host, gpu
+SETTINGS {KEEP_SETTINGS}"""
+    return sql, {"run_id": run_id, "generation": generation, "token": keep_token("kept_gpus", run_id, generation)}
+
+
+def keep_gaps(run_id: str, generation: int) -> Query:
+    """INSERT of the gaps between a run's kept islands (of fingerprint `generation`) into `kept_gaps`, each
+    GPU's ranked longest first, then earliest (as gpu_time's longest gaps are)."""
+    sql = f"""
+INSERT INTO {{db}}.kept_gaps (run_id, host, gpu, rank, start, length, generation)
+SELECT {{run_id:String}}, host, gpu, row_number() OVER (PARTITION BY host, gpu ORDER BY gap DESC, start) AS rank,
+       fromUnixTimestamp64Nano({NS}(start) - gap, 'UTC'), gap, {{generation:UInt64}}
+FROM {{db}}.kept_islands WHERE run_id = {{run_id:String}} AND generation = {{generation:UInt64}} AND gap > 0
+ORDER BY host, gpu, rank
+SETTINGS {KEEP_SETTINGS}"""
+    return sql, {"run_id": run_id, "generation": generation, "token": keep_token("kept_gaps", run_id, generation)}
 
 
 def launch_latency(where: Predicates) -> Query:

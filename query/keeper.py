@@ -9,7 +9,7 @@ import logging
 import threading
 
 from ingest.store import Store, StoreError
-from query.analysis import keep_islands, keep_ranges
+from query.analysis import keep_gaps, keep_gpus, keep_islands, keep_ranges
 from query.kept import KEPT_TABLES, fingerprints, forget_others, mark_kept, to_keep
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,8 @@ def keep_runs(store: Store) -> int:
     for row in store.query(to_keep()).to_pylist():
         run_id, generation = row["run_id"], row["generation"]
         store.execute(*keep_ranges(run_id, generation))
-        store.execute(*keep_islands(run_id, generation))
+        for keep in (keep_islands, keep_gpus, keep_gaps):  # the last two read the first
+            store.execute(*keep(run_id, generation))
         now = store.query(fingerprints("SELECT {run_id:String}"), {"run_id": run_id}).to_pylist()
         if now and now[0]["generation"] == generation:
             store.execute(*mark_kept(run_id, generation))

@@ -1,7 +1,8 @@
-"""What is kept of a traced run once its import is over, so that its questions read a row per range or
-per island of GPU work instead of joining and sorting the run's events again: its ranges with their
-NVTX projection (`kept_ranges`, query/projection.py) and its GPUs' busy islands (`kept_islands`,
-query/analysis.py). A traced run's ranges meet its own work only, so both are fixed while the run's rows
+"""What is kept of a traced run once its import is over, so that its questions read a row per range, per
+GPU or per island of GPU work instead of joining and sorting the run's events again: its ranges with
+their NVTX projection (`kept_ranges`, query/projection.py), its GPUs' busy islands (`kept_islands`),
+summed up per GPU (`kept_gpus`), and the gaps between them longest first (`kept_gaps`,
+query/analysis.py). A traced run's ranges meet its own work only, so all are fixed while the run's rows
 are. Rows are added to a run by another trace imported into it and taken by retention, and never change:
 so the count of a run's ranges and GPU work and their earliest start (its fingerprint, four times
 cheaper to read than their ids) tell whether what is kept (`kept_runs`: of which fingerprint) still
@@ -15,7 +16,9 @@ from collections.abc import Sequence
 from query.gpuwork import OWN_RUNS, RANGE_KINDS, WORK_KINDS, Query
 from query.window import COMPLETE
 
-KEPT_TABLES = ("kept_ranges", "kept_islands")
+KEPT_TABLES = ("kept_ranges", "kept_islands", "kept_gpus", "kept_gaps")
+# part of every fingerprint: a new one when what is kept changes, so that runs kept before are kept again
+WHAT_IS_KEPT = 2
 _FINGERPRINTED = RANGE_KINDS[:-1] + ", " + WORK_KINDS[1:]
 # one thread, in a fixed order, with one insert token per table, run and fingerprint: what two servers
 # keep at once, or one keeps again after a failure, is stored once
@@ -24,12 +27,16 @@ KEEP_SETTINGS = "max_threads = 1, insert_deduplication_token = {token:String}"
 
 def of_kept(kept: Sequence[tuple[str, int]]) -> tuple[str, dict[str, object]]:
     """SQL that holds for a kept table's rows of the `kept` runs (run id, fingerprint), and its parameters.
-    (transform() runs once per run id in a block, where a tuple IN tries every row.)"""
+    (transform() runs once per run id in a block, where a tuple IN tries every row; of one run, a plain
+    equality is several times cheaper still.)"""
+    runs, generations = [run for run, _ in kept], [generation for _, generation in kept]
     sql = (
-        "run_id IN {kept_run_ids:Array(String)} AND "
+        "run_id = {kept_run_ids:Array(String)}[1] AND generation = {kept_generations:Array(UInt64)}[1]"
+        if len(kept) == 1
+        else "run_id IN {kept_run_ids:Array(String)} AND "
         "generation = transform(run_id, {kept_run_ids:Array(String)}, {kept_generations:Array(UInt64)}, toUInt64(0))"
     )
-    return sql, {"kept_run_ids": [run for run, _ in kept], "kept_generations": [generation for _, generation in kept]}
+    return sql, {"kept_run_ids": runs, "kept_generations": generations}
 
 
 def keep_token(table: str, run_id: str, generation: int) -> str:
@@ -40,7 +47,7 @@ def fingerprints(runs: str) -> str:
     """SQL: (run_id, generation, ranges) of each run of `runs` (SQL that selects run ids) with ranges or GPU
     work: the fingerprint of those rows, and how many are ranges."""
     return f"""
-SELECT run_id, cityHash64(count(), min(start)) AS generation, countIf(kind IN {RANGE_KINDS}) AS ranges
+SELECT run_id, cityHash64(count(), min(start), {WHAT_IS_KEPT}) AS generation, countIf(kind IN {RANGE_KINDS}) AS ranges
 FROM {{db}}.events WHERE kind IN {_FINGERPRINTED} AND run_id IN ({runs}) GROUP BY run_id"""
 
 

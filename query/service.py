@@ -288,8 +288,9 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError("min_gap_ns", "must not be negative")
         max_gaps = _bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
         kept = self._kept(run.run_id) if run is not None else None
+        whole = kept is not None and self._holds_every_island(kept, clip_from, clip_to)
         table = self.store.query(
-            *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps, kept)
+            *analysis.gpu_time(event_predicates(window, run), clip_from, clip_to, min_gap, max_gaps, kept, whole)
         )
         gaps = _unfold_gaps(table, max_gaps)
         gpus = table.drop_columns(["gaps", "long_gaps"])
@@ -304,6 +305,10 @@ class QueryService(query_pb2_grpc.QueryServicer):
         """(run id, fingerprint) when what is kept of the run holds for its rows (query/kept.py)."""
         rows = self.store.query(kept_runs("SELECT {run_id:String}"), {"run_id": run_id}).to_pylist()
         return (run_id, rows[0]["generation"]) if rows and rows[0]["kept"] else None
+
+    def _holds_every_island(self, kept: tuple[str, int], clip_from: int | None, clip_to: int | None) -> bool:
+        first, last = _first_row(self.store.query(*analysis.kept_span(kept)))
+        return (clip_from is None or clip_from <= first) and (clip_to is None or last <= clip_to)
 
     def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
         window, run = self._scope(request.window)

@@ -70,6 +70,9 @@ def test_gpu_time_matches_the_union_of_intervals(
         assert _kept(store, "r1")
     if window == "run":
         lo, hi, args = trace.start, trace.end, {"run": "r1"}
+        if kept:  # the run's every island is in the window: it is read a row per GPU and the gaps asked for
+            first, last = _kept_span(store, "r1")
+            assert lo <= first and last <= hi
     elif window == "crossing borders":
         middle = sorted(w["start"] for w in trace.work)[len(trace.work) // 2] + 7 * US  # inside some kernels
         lo, hi, args = middle, middle + 9 * MS + 3 * US, {"run": "r1", "start": middle, "end": middle + 9 * MS + 3 * US}
@@ -147,10 +150,19 @@ def _made_now(store: Store, run: str) -> pd.DataFrame:
     return to_frame(store.query(*analysis.nvtx_gpu_summary(where)))
 
 
-def _gpu_time(store: Store, run: str, kept: tuple[str, int] | None = None) -> list[dict[str, object]]:
+def _gpu_time(
+    store: Store, run: str, kept: tuple[str, int] | None = None, whole: bool = False, min_gap: int = 1,
+    max_gaps: int = 100_000,
+) -> list[dict[str, object]]:  # fmt: skip
     where = Predicates()
     where.add("run_id = {run_id:String}", run_id=run)
-    return store.query(*analysis.gpu_time(where, None, None, 1, 100_000, kept)).to_pylist()
+    return store.query(*analysis.gpu_time(where, None, None, min_gap, max_gaps, kept, whole)).to_pylist()
+
+
+def _kept_span(store: Store, run: str) -> tuple[int, int]:
+    generation = store.query(kept_runs("SELECT {run_id:String}"), {"run_id": run}).to_pylist()[0]["generation"]
+    span = store.query(*analysis.kept_span((run, generation))).to_pylist()[0]
+    return span["first"], span["last"]
 
 
 def _kept(store: Store, run: str) -> bool:
@@ -347,7 +359,10 @@ def test_every_analysis_runs_on_every_real_export(store: Store, client: Client, 
         client.nvtx_gpu(run=run)
         client.phases(run=run)
         client.launch(run=run)
-    made_now = {run: (_made_now(store, run), _gpu_time(store, run)) for run in runs}
+    few_long_gaps = {"min_gap": 5000, "max_gaps": 3}  # the gaps asked for: a few of those over 5 µs
+    made_now = {
+        run: (_made_now(store, run), _gpu_time(store, run), _gpu_time(store, run, **few_long_gaps)) for run in runs
+    }
     keep_runs(store)
     compared = 0
     for run in runs:
@@ -357,7 +372,9 @@ def test_every_analysis_runs_on_every_real_export(store: Store, client: Client, 
         assert fingerprint[0]["kept"], run
         summary = client.nvtx_gpu(run=run)["summary"]
         pd.testing.assert_frame_equal(summary, made_now[run][0], check_exact=False, rtol=1e-9)
-        assert _gpu_time(store, run, (run, fingerprint[0]["generation"])) == made_now[run][1], run
+        kept = (run, fingerprint[0]["generation"])
+        assert _gpu_time(store, run, kept) == made_now[run][1] == _gpu_time(store, run, kept, whole=True), run
+        assert _gpu_time(store, run, kept, whole=True, **few_long_gaps) == made_now[run][2], run
         compared += 1
     assert compared >= len(runs) - 1, "every export but one has ranges or GPU work"
     projected = client.nvtx_gpu(run=runs[2])["summary"].set_index("name")  # 2022.2: MPI ranges around saxpy
