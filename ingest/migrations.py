@@ -277,7 +277,7 @@ KEPT_GPUS = Table(
     "MergeTree",
     order_by="(run_id, host, gpu)",
     comment="each traced run's busy islands summed up per GPU (gpu-time), kept once imported",
-    time_column="start",
+    time_column="end",  # kept while any of its islands is: retention takes a run's oldest rows first
     shard_key="cityHash64(run_id)",
 )
 

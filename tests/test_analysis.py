@@ -19,7 +19,7 @@ from ingest.store import Store, without_materialized_cte
 from query import analysis
 from query.client import Client, QueryFailed, to_frame
 from query.keeper import Keeper, keep_runs
-from query.kept import kept_runs
+from query.kept import KEPT_TABLES, WHAT_IS_KEPT, kept_runs
 from query.window import Predicates
 from tests.conftest import FIXTURES
 from tests.timeline_trace import HOST, MS, PID, US, Trace, make_trace, store_trace
@@ -197,6 +197,29 @@ def test_a_kept_projection_answers_as_one_made_at_the_question(
     pd.testing.assert_frame_equal(client.nvtx_gpu(run="r1")["summary"], _made_now(store, "r1"))
     generations = store.query("SELECT DISTINCT generation FROM {db}.kept_ranges WHERE run_id = 'r1'").to_pylist()
     assert len(generations) == 1, "what was kept before is deleted on the embedded store"
+
+
+def test_runs_kept_before_what_is_kept_changed_are_kept_again(
+    store: Store, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What is kept is part of the fingerprint: runs kept by an earlier tracehouse (before kept_gpus and
+    kept_gaps) are kept again, every table of them, and what was kept before is deleted."""
+    keep_runs(store)
+
+    def rows(run: str) -> dict[str, tuple[int, int]]:
+        """Per kept table: the run's rows, and of how many fingerprints."""
+        sql = "SELECT count() AS n, uniqExact(generation) AS g FROM {db}.%s WHERE run_id = {run_id:String}"
+        counted = {table: store.query(sql % table, {"run_id": run}).to_pylist()[0] for table in KEPT_TABLES}
+        return {table: (row["n"], row["g"]) for table, row in counted.items()}
+
+    before = rows("r1")
+    assert all(n > 0 for n, _ in before.values()), before
+    monkeypatch.setattr("query.kept.WHAT_IS_KEPT", WHAT_IS_KEPT + 1)
+    assert not _kept(store, "r1")
+    assert keep_runs(store) >= 1 and _kept(store, "r1")
+    assert rows("r1") == before
+    monkeypatch.undo()
+    keep_runs(store)
 
 
 def test_serve_keeps_what_questions_read_of_imported_traces(

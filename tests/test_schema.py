@@ -113,9 +113,10 @@ def test_retention_is_set_changed_and_removed(tmp_path: Path, caplog: pytest.Log
     assert second["samples_1m"] == first["samples_1m"]  # not named: kept as it was
     retention = parse_retention(["events=30d"], RETENTION_NAMES)
     third = ttls()  # what is kept of a run goes with its events
-    assert {third[table] for table in ("events", "kept_ranges", "kept_islands", "kept_gpus", "kept_gaps")} == {
+    assert {third[table] for table in ("events", "kept_ranges", "kept_islands", "kept_gaps")} == {
         "toDateTime(start) + toIntervalSecond(2592000)"
     }
+    assert third["kept_gpus"] == "toDateTime(end) + toIntervalSecond(2592000)"  # a row for all of a GPU's islands
 
 
 @pytest.mark.parametrize(
