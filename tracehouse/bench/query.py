@@ -13,7 +13,7 @@ from ingest.store import Store
 from query.analysis import gpu_time, nvtx_gpu_summary
 from query.keeper import keep_runs
 from query.service import DEFAULT_MIN_GAP_NS
-from query.window import Predicates
+from query.window import Predicates, RunSpan, Window, bounds, event_predicates
 from tracehouse.bench.common import _stamp, _timed
 from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
@@ -25,6 +25,7 @@ QUERY_GPUS = 8
 KERNELS_PER_STEP = 40  # per GPU
 STEP_NS = 1_000_000_000
 SAMPLE_NS = 10_000_000  # 100 Hz
+HOUR_NS = 3600 * 10**9  # gpu-time of an hour inside the run: a window that cuts it
 QUERY_METRICS = ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w", "gpu.temp_c")
 
 
@@ -101,6 +102,7 @@ def _ask(store: Store, t0: int, span: int) -> dict[str, float]:
         "events_1s_window": lambda: client.events(start=middle, end=middle + STEP_NS, run="bench-run"),
         "lanes_1500_buckets": lambda: client.lanes(buckets=1500, run="bench-run"),
         "gpu_time": lambda: client.gpu_time(run="bench-run"),
+        "gpu_time_hour": lambda: client.gpu_time(run="bench-run", start=middle, end=middle + HOUR_NS),
         "nvtx_gpu": lambda: client.nvtx_gpu(run="bench-run"),
         "phases": lambda: client.phases(run="bench-run"),
     }
@@ -125,8 +127,15 @@ def _made_at_the_question(store: Store, t0: int, span: int) -> dict[str, float]:
     service makes them until a run is kept), on the same store."""
     where = Predicates()
     where.add("run_id = {run_id:String}", run_id="bench-run")
+    middle = t0 + span // 2
+    run = RunSpan("bench-run", "bench-host", t0, t0 + span, relative_time=False)
+    hour = Window(from_ns=middle, to_ns=middle + HOUR_NS)
+    hour_from, hour_to = bounds(hour, run)
     questions: dict[str, Callable[[], Any]] = {
         "gpu_time": lambda: store.query(*gpu_time(where, t0, t0 + span, DEFAULT_MIN_GAP_NS, 1000)),
+        "gpu_time_hour": lambda: store.query(
+            *gpu_time(event_predicates(hour, run), hour_from, hour_to, DEFAULT_MIN_GAP_NS, 1000)
+        ),
         "nvtx_gpu": lambda: store.query(*nvtx_gpu_summary(where)),
     }
     return _second_answers(questions)
