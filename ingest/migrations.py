@@ -300,6 +300,26 @@ KEPT_GAPS = Table(
     shard_key="cityHash64(run_id)",
 )
 
+# whole answers of a kept run's questions that read more than its rows: phases reads its host's telemetry
+KEPT_ANSWERS = Table(
+    "kept_answers",
+    """
+    run_id String,
+    question LowCardinality(String) COMMENT 'phases',
+    generation UInt64 COMMENT 'the fingerprint of the run''s ranges and work the answer was made from',
+    telemetry UInt64 COMMENT 'the fingerprint of the telemetry the answer read',
+    answer String COMMENT 'the answer as an Arrow IPC stream' CODEC(ZSTD(3)),
+    rows UInt64,
+    made DateTime64(9, 'UTC')
+""",
+    "ReplacingMergeTree",
+    version="made",
+    order_by="(run_id, question)",
+    comment="the latest whole answer to each question of each kept run over its span, with what it was made from",
+    time_column="made",
+    shard_key="cityHash64(run_id)",
+)
+
 KEPT_RUNS = Table(
     "kept_runs",
     """
@@ -314,7 +334,7 @@ KEPT_RUNS = Table(
     shard_key="cityHash64(run_id)",
 )
 
-KEPT_ROWS = (KEPT_RANGES, KEPT_ISLANDS, KEPT_GPUS, KEPT_GAPS)  # a traced run's, with its fingerprint
+KEPT_ROWS = (KEPT_RANGES, KEPT_ISLANDS, KEPT_GPUS, KEPT_GAPS, KEPT_ANSWERS)  # a traced run's, with its fingerprint
 KEPT = (*KEPT_ROWS, KEPT_RUNS)
 
 # Rollups of `samples` (tracehouse.model.ROLLUP_SECONDS). min/max/sum/count rather than avg, so
@@ -478,7 +498,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         11, "traced runs' NVTX projections and busy islands kept once imported", (KEPT_RANGES, KEPT_ISLANDS, KEPT_RUNS)
     ),
     # runs kept before are kept again, these with the rest: what is kept is part of their fingerprint (query/kept.py)
-    Migration(12, "traced runs' busy islands per GPU and their gaps longest first kept", (KEPT_GPUS, KEPT_GAPS)),
+    Migration(
+        12,
+        "traced runs' busy islands per GPU, their gaps longest first and their phases kept",
+        (KEPT_GPUS, KEPT_GAPS, KEPT_ANSWERS),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

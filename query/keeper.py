@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from ingest.store import Store, StoreError
-from query.analysis import keep_gaps, keep_gpus, keep_islands, keep_ranges
-from query.kept import KEPT_TABLES, fingerprints, forget_others, mark_kept, to_keep
+import pyarrow as pa
+
+from ingest.store import Store, StoreError, ipc_bytes
+from query.analysis import keep_gaps, keep_gpus, keep_islands, keep_ranges, phases
+from query.kept import KEPT_TABLES, fingerprints, forget_others, kept_answer, mark_kept, to_keep
+from query.projection import phase_telemetry
+from query.window import Predicates, RunSpan, Window, event_predicates
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +32,48 @@ def keep_runs(store: Store) -> int:
         store.execute(*keep_ranges(run_id, generation))
         for keep in (keep_islands, keep_gpus, keep_gaps):  # the last two read the first
             store.execute(*keep(run_id, generation))
-        now = store.query(fingerprints("SELECT {run_id:String}"), {"run_id": run_id}).to_pylist()
-        if now and now[0]["generation"] == generation:
+        if _fingerprint(store, run_id) == generation:
             store.execute(*mark_kept(run_id, generation))
             kept += 1
             if row["again"] and store.sole_writer:
                 for table in KEPT_TABLES:
                     store.execute(*forget_others(table, run_id, generation))
+            # as the Query service asks of a run over its whole span
+            kept_phases(store, (run_id, generation), event_predicates(Window(), RunSpan(run_id, "", 0, None, False)))
     return kept
+
+
+def kept_phases(store: Store, kept: tuple[str, int], where: Predicates) -> tuple[bytes, int]:
+    """The phases of a kept run (run id, fingerprint) over its whole span (`where`), as an Arrow IPC stream
+    and its rows: as kept when the telemetry they read is as it was, else made now, and kept when neither
+    the run's rows nor that telemetry changed meanwhile."""
+    run_id, generation = kept
+    telemetry = _first(store.query(*phase_telemetry(where)))
+    asked = {"run_id": run_id, "question": "phases", "generation": generation, "telemetry": telemetry}
+    found = store.query(kept_answer(), asked).to_pylist()
+    if found:
+        return found[0]["answer"], found[0]["rows"]
+    table = store.query(*phases(where))
+    answer = ipc_bytes(table)
+    if _first(store.query(*phase_telemetry(where))) == telemetry and _fingerprint(store, run_id) == generation:
+        types = {"generation": pa.uint64(), "telemetry": pa.uint64()}  # fingerprints take all 64 bits
+        row = {column: pa.array([value], types.get(column)) for column, value in asked.items()}
+        row |= {
+            "answer": pa.array([answer], pa.binary()),
+            "rows": pa.array([table.num_rows], pa.uint64()),
+            "made": pa.array([time.time_ns()], pa.timestamp("ns", "UTC")),
+        }
+        store.append("kept_answers", pa.table(row))
+    return answer, table.num_rows
+
+
+def _fingerprint(store: Store, run_id: str) -> int | None:
+    now = store.query(fingerprints("SELECT {run_id:String}"), {"run_id": run_id}).to_pylist()
+    return now[0]["generation"] if now else None
+
+
+def _first(table: pa.Table) -> int:
+    return int(table.column(0)[0].as_py())
 
 
 class Keeper:

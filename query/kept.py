@@ -2,12 +2,14 @@
 GPU or per island of GPU work instead of joining and sorting the run's events again: its ranges with
 their NVTX projection (`kept_ranges`, query/projection.py), its GPUs' busy islands (`kept_islands`),
 summed up per GPU (`kept_gpus`), and the gaps between them longest first (`kept_gaps`,
-query/analysis.py). A traced run's ranges meet its own work only, so all are fixed while the run's rows
-are. Rows are added to a run by another trace imported into it and taken by retention, and never change:
-so the count of a run's ranges and GPU work and their earliest start (its fingerprint, four times
-cheaper to read than their ids) tell whether what is kept (`kept_runs`: of which fingerprint) still
-holds. Questions use what is kept only then, and make the rest at once; query/keeper.py keeps. Rows kept
-for rows that changed since are never read again; the embedded store deletes them. Pure: SQL."""
+query/analysis.py); and whole answers that read more than its rows (`kept_answers`: phases, which also
+read its host's telemetry; query/keeper.py). A traced run's ranges meet its own work only, so all are
+fixed while the run's rows are. Rows are added to a run by another trace imported into it and taken by
+retention, and never change: so the count of a run's ranges and GPU work and their earliest start (its
+fingerprint, four times cheaper to read than their ids) tell whether what is kept (`kept_runs`: of
+which fingerprint) still holds. Questions use what is kept only then, and make the rest at once;
+query/keeper.py keeps. Rows kept for rows that changed since are never read again; the embedded store
+deletes them. Pure: SQL."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from query.gpuwork import OWN_RUNS, RANGE_KINDS, WORK_KINDS, Query
 from query.window import COMPLETE
 
-KEPT_TABLES = ("kept_ranges", "kept_islands", "kept_gpus", "kept_gaps")
+KEPT_TABLES = ("kept_ranges", "kept_islands", "kept_gpus", "kept_gaps", "kept_answers")
 # part of every fingerprint: a new one when what is kept changes, so that runs kept before are kept again
 WHAT_IS_KEPT = 2
 _FINGERPRINTED = RANGE_KINDS[:-1] + ", " + WORK_KINDS[1:]
@@ -80,3 +82,13 @@ def mark_kept(run_id: str, generation: int) -> Query:
     sql = """
 INSERT INTO {db}.kept_runs (run_id, generation, made) VALUES ({run_id:String}, {generation:UInt64}, now64(9))"""
     return sql, {"run_id": run_id, "generation": generation}
+
+
+def kept_answer() -> str:
+    """SQL: (answer, rows) of {question:String} kept for run {run_id:String}, where made from its rows of
+    fingerprint {generation:UInt64} and telemetry of fingerprint {telemetry:UInt64}; the answer as bytes."""
+    return """
+SELECT answer, rows FROM {db}.kept_answers FINAL
+WHERE run_id = {run_id:String} AND question = {question:String} AND generation = {generation:UInt64}
+  AND telemetry = {telemetry:UInt64}
+SETTINGS output_format_arrow_string_as_string = 0"""

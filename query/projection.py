@@ -22,6 +22,14 @@ def _gpu_key(host: str, gpu: str) -> str:
 
 # telemetry inside phases: each metric's columns are named for it and its unit (gpu.util_pct -> gpu_util_pct_avg)
 PHASE_METRICS = {metric.replace(".", "_"): metric for metric in ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w")}
+# the span of the ranges (CTE `ranges`), and the telemetry phases reads: samples of its metrics on the
+# ranges' hosts' GPUs inside it
+_RANGES_FROM = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
+_RANGES_TO = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
+_PHASE_TELEMETRY = (
+    "metric IN (" + ", ".join(f"'{m}'" for m in PHASE_METRICS.values()) + ") AND gpu >= 0 "
+    f"AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {_RANGES_FROM} AND ts < {_RANGES_TO}"
+)
 
 
 def _ranges(where: Predicates, materialized: bool = False, one_thread: bool = False, besides: str = "1") -> str:
@@ -163,10 +171,9 @@ def phases(where: Predicates) -> Query:
     its two borders. Each segment knows the set of names covering
     it (its cover); one ASOF join puts each sample in its segment, so every sample is read
     once whatever the number of names, and counts once per name covering it."""
-    metrics = ", ".join(f"'{m}'" for m in PHASE_METRICS.values())
-    lo = "fromUnixTimestamp64Nano((SELECT min(rs) FROM ranges), 'UTC')"
-    hi = "fromUnixTimestamp64Nano((SELECT max(re) FROM ranges), 'UTC')"
-    in_ranges = f"host IN (SELECT DISTINCT host FROM ranges) AND end > {lo} AND start < {hi} AND {COMPLETE}"
+    in_ranges = (
+        f"host IN (SELECT DISTINCT host FROM ranges) AND end > {_RANGES_FROM} AND start < {_RANGES_TO} AND {COMPLETE}"
+    )
     met = f"({own('ranges')} OR {lent('ranges')})"  # work the ranges meet
     order = "PARTITION BY key ORDER BY t, border, e"
     # samples are summed up per segment with each metric's count, sum and top apart (by its number m), not
@@ -198,8 +205,7 @@ process_gpus AS MATERIALIZED (  -- the GPUs each process ran work on, in each sc
 host_gpus AS MATERIALIZED (
     SELECT DISTINCT host, gpu FROM process_gpus
     UNION DISTINCT
-    SELECT DISTINCT host, gpu FROM {{db}}.samples
-    WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges) AND ts >= {lo} AND ts < {hi}
+    SELECT DISTINCT host, gpu FROM {{db}}.samples WHERE {_PHASE_TELEMETRY}
 ),
 instances AS MATERIALIZED (  -- each range on each GPU it belongs to; key: the GPU
     SELECT r.range_id AS range_id, {_gpu_key("g.host", "g.gpu")} AS key, r.rs AS rs, r.re AS re
@@ -249,8 +255,7 @@ inside AS (
     SELECT key, cover,
            {per_segment}
     FROM (SELECT {_gpu_key("host", "gpu")} AS key, multiIf({numbered} -1) AS m, {NS}(ts) AS t, value FROM {{db}}.samples
-          WHERE metric IN ({metrics}) AND gpu >= 0 AND host IN (SELECT DISTINCT host FROM ranges)
-            AND ts >= {lo} AND ts < {hi}) AS w
+          WHERE {_PHASE_TELEMETRY}) AS w
     ASOF INNER JOIN segments AS g ON g.key = w.key AND w.t >= g.s
     WHERE cover != 0
     GROUP BY key, cover
@@ -276,4 +281,13 @@ INNER JOIN gpus AS g ON g.key = s.key
 LEFT JOIN named AS i ON i.name = s.name AND i.key = s.key
 ORDER BY total_ns DESC, name, host, gpu
 SETTINGS enable_materialized_cte = 1"""
+    return sql, where.params
+
+
+def phase_telemetry(where: Predicates) -> Query:
+    """The fingerprint of the telemetry `phases` reads for the ranges in the window (samples never change:
+    rows are added, or taken by retention oldest first, so their count and earliest time tell)."""
+    sql = f"""
+WITH {_ranges(where)}
+SELECT cityHash64(count(), min(ts)) AS telemetry FROM {{db}}.samples WHERE {_PHASE_TELEMETRY}"""
     return sql, where.params

@@ -16,6 +16,7 @@ from ingest.store import Store, ipc_bytes
 from ingest.storeerrors import StoreError, StoreUnavailable
 from query import analysis, lanes, sql, verdict
 from query.compare_answer import compare_table
+from query.keeper import kept_phases
 from query.kept import kept_runs
 from query.window import (
     Predicates,
@@ -325,7 +326,13 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def Phases(self, request: query_pb2.PhasesRequest, context: Any) -> query_pb2.Table:
         window, run = self._scope(request.window)
-        return self._table(*analysis.phases(event_predicates(window, run)))
+        where = event_predicates(window, run)
+        whole = not (window.hosts or window.gpus) and window.from_ns is None and window.to_ns is None
+        kept = self._kept(run.run_id) if run is not None and whole else None
+        if kept is None:
+            return self._table(*analysis.phases(where))
+        answer, rows = kept_phases(self.store, kept, where)
+        return query_pb2.Table(arrow_ipc=answer, rows=rows)
 
     def Launch(self, request: query_pb2.LaunchRequest, context: Any) -> query_pb2.LaunchResponse:
         window, run = self._scope(request.window)

@@ -207,9 +207,13 @@ def test_runs_kept_before_what_is_kept_changed_are_kept_again(
     keep_runs(store)
 
     def rows(run: str) -> dict[str, tuple[int, int]]:
-        """Per kept table: the run's rows, and of how many fingerprints."""
-        sql = "SELECT count() AS n, uniqExact(generation) AS g FROM {db}.%s WHERE run_id = {run_id:String}"
-        counted = {table: store.query(sql % table, {"run_id": run}).to_pylist()[0] for table in KEPT_TABLES}
+        """Per kept table: the run's distinct rows (an answer kept twice is one), and of how many fingerprints."""
+        sql = "SELECT %s AS n, uniqExact(generation) AS g FROM {db}.%s WHERE run_id = {run_id:String}"
+        distinct = {"kept_answers": "uniqExact(generation, telemetry)"}
+        counted = {
+            table: store.query(sql % (distinct.get(table, "count()"), table), {"run_id": run}).to_pylist()[0]
+            for table in KEPT_TABLES
+        }
         return {table: (row["n"], row["g"]) for table, row in counted.items()}
 
     before = rows("r1")
@@ -277,6 +281,32 @@ def test_phases_attribute_gpu_busy_time_and_telemetry(client: Client, traces: di
         assert pd.isna(row.gpu_mem_used_bytes_avg) and pd.isna(row.gpu_mem_used_bytes_max), (
             "no such series: no value, not a zero"
         )
+
+
+def test_phases_of_a_kept_run_are_kept_while_the_telemetry_they_read_is(
+    store: Store, client: Client, ingest: ingest_pb2_grpc.IngestStub, traces: dict[str, Trace],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """phases --run of a kept run over its whole span reads the answer kept with it; telemetry added inside
+    its ranges (a late sample) makes the answer again at once, and that one is kept."""
+    where = Predicates()
+    where.add("run_id = {run_id:String}", run_id="r1")
+    made_now = to_frame(store.query(*analysis.phases(where)))
+    keep_runs(store)  # keeps the phases too (serve's keeper may have kept them already)
+    monkeypatch.setattr("query.analysis.phases", lambda _: pytest.fail("phases made at the question"))
+    pd.testing.assert_frame_equal(client.phases(run="r1"), made_now)
+    monkeypatch.undo()
+
+    step = next(r for r in traces["r1"].ranges if r["name"] == "step")
+    late = BatchBuilder("r2-late", run_id="r2", host=HOST)
+    late.add_samples("gpu.util_pct", [step["start"] + 5 * US], [100.0], gpu=0)
+    ingest.Write(ingest_pb2.WriteRequest(batch=late.build()), timeout=30)
+    answer = client.phases(run="r1")
+    pd.testing.assert_frame_equal(answer, to_frame(store.query(*analysis.phases(where))))
+    steps = answer.set_index(["name", "gpu"]).loc[("step", 0)]
+    assert steps["samples"] == made_now.set_index(["name", "gpu"]).loc[("step", 0), "samples"] + 1
+    monkeypatch.setattr("query.analysis.phases", lambda _: pytest.fail("phases made at the question"))
+    pd.testing.assert_frame_equal(client.phases(run="r1"), answer)  # kept again
 
 
 # -- launch -------------------------------------------------------------------------------------
@@ -414,9 +444,10 @@ def test_servers_without_materialized_ctes_give_the_same_answers(
 ) -> None:
     """ClickHouse before 26.1 (and any cluster) has no `AS MATERIALIZED`: the store asks without it."""
     assert store.materialized_cte  # chDB has it
-    with_it = (client.phases(run="r1"), client.nvtx_gpu(run="r1", limit=50))
+    span = {"run": "r1", "start": traces["r1"].start, "end": traces["r1"].end}  # made at the question, not kept
+    with_it = (client.phases(**span), client.nvtx_gpu(run="r1", limit=50))
     store.materialized_cte = False
-    without = (client.phases(run="r1"), client.nvtx_gpu(run="r1", limit=50))
+    without = (client.phases(**span), client.nvtx_gpu(run="r1", limit=50))
     pd.testing.assert_frame_equal(with_it[0], without[0])
     for part in ("summary", "ranges"):
         pd.testing.assert_frame_equal(with_it[1][part], without[1][part])
@@ -432,7 +463,8 @@ def test_a_traces_answers_depend_only_on_that_trace(
 
     def answers() -> tuple[pd.DataFrame, ...]:
         projected = client.nvtx_gpu(run="r1", limit=100_000)
-        phases = client.phases(run="r1")[["name", "host", "gpu", "instances", "total_ns", "busy_pct"]]
+        span = {"run": "r1", "start": traces["r1"].start, "end": traces["r1"].end}  # made at the question
+        phases = client.phases(**span)[["name", "host", "gpu", "instances", "total_ns", "busy_pct"]]
         return projected["summary"], projected["ranges"], phases
 
     before = answers()

@@ -38,10 +38,10 @@ def test_bench_query_builds_the_run_it_asks_about() -> None:
     }  # fmt: skip
     assert set(result["seconds"]) == {
         "baseline_scan_events", "series_2000_points", "events_1s_window", "lanes_1500_buckets", "gpu_time",
-        "gpu_time_hour", "nvtx_gpu", "phases"
+        "gpu_time_hour", "nvtx_gpu", "phases", "phases_hour"
     }  # fmt: skip
     assert all(seconds > 0 for seconds in result["seconds"].values())
-    assert set(result["made_at_the_question_seconds"]) == {"gpu_time", "gpu_time_hour", "nvtx_gpu"}
+    assert set(result["made_at_the_question_seconds"]) == {"gpu_time", "gpu_time_hour", "nvtx_gpu", "phases"}
 
 
 def test_bench_storage_measures_what_it_stored() -> None:

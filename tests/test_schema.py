@@ -117,6 +117,7 @@ def test_retention_is_set_changed_and_removed(tmp_path: Path, caplog: pytest.Log
         "toDateTime(start) + toIntervalSecond(2592000)"
     }
     assert third["kept_gpus"] == "toDateTime(end) + toIntervalSecond(2592000)"  # a row for all of a GPU's islands
+    assert third["kept_answers"] == "toDateTime(made) + toIntervalSecond(2592000)"
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,7 @@ def test_a_rollup_kept_shorter_than_what_it_sums_up_is_refused(entries: list[str
 def test_retention_with_rollups_kept_longer() -> None:
     assert retention(["samples=30d", "samples_10s=90d", "samples_1m=1y", "events=forever"]) == {
         "samples": 30 * 86400, "samples_10s": 90 * 86400, "samples_1m": 365 * 86400, "events": 0, "kept_ranges": 0,
-        "kept_islands": 0, "kept_gpus": 0, "kept_gaps": 0,
+        "kept_islands": 0, "kept_gpus": 0, "kept_gaps": 0, "kept_answers": 0,
     }  # fmt: skip
     assert retention(["samples=2w", "rollups=forever"]) == {"samples": 14 * 86400, "samples_10s": 0, "samples_1m": 0}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ingest.migrations import rollup_select
 from ingest.store import Store
-from query.analysis import gpu_time, nvtx_gpu_summary
+from query.analysis import gpu_time, nvtx_gpu_summary, phases
 from query.keeper import keep_runs
 from query.service import DEFAULT_MIN_GAP_NS
 from query.window import Predicates, RunSpan, Window, bounds, event_predicates
@@ -25,7 +25,7 @@ QUERY_GPUS = 8
 KERNELS_PER_STEP = 40  # per GPU
 STEP_NS = 1_000_000_000
 SAMPLE_NS = 10_000_000  # 100 Hz
-HOUR_NS = 3600 * 10**9  # gpu-time of an hour inside the run: a window that cuts it
+HOUR_NS = 3600 * 10**9  # gpu-time and phases of an hour inside the run: a window that cuts it
 QUERY_METRICS = ("gpu.util_pct", "gpu.mem_used_bytes", "gpu.power_w", "gpu.temp_c")
 
 
@@ -105,6 +105,7 @@ def _ask(store: Store, t0: int, span: int) -> dict[str, float]:
         "gpu_time_hour": lambda: client.gpu_time(run="bench-run", start=middle, end=middle + HOUR_NS),
         "nvtx_gpu": lambda: client.nvtx_gpu(run="bench-run"),
         "phases": lambda: client.phases(run="bench-run"),
+        "phases_hour": lambda: client.phases(run="bench-run", start=middle, end=middle + HOUR_NS),
     }
     try:
         return _second_answers(questions)
@@ -137,6 +138,7 @@ def _made_at_the_question(store: Store, t0: int, span: int) -> dict[str, float]:
             *gpu_time(event_predicates(hour, run), hour_from, hour_to, DEFAULT_MIN_GAP_NS, 1000)
         ),
         "nvtx_gpu": lambda: store.query(*nvtx_gpu_summary(where)),
+        "phases": lambda: store.query(*phases(where)),
     }
     return _second_answers(questions)
 
