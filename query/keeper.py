@@ -38,8 +38,11 @@ def keep_runs(store: Store) -> int:
             if row["again"] and store.sole_writer:
                 for table in KEPT_TABLES:
                     store.execute(*forget_others(table, run_id, generation))
-            # as the Query service asks of a run over its whole span
-            kept_phases(store, (run_id, generation), event_predicates(Window(), RunSpan(run_id, "", 0, None, False)))
+            whole_run = event_predicates(Window(), RunSpan(run_id, "", 0, None, False))  # as the Query service asks
+            try:
+                kept_phases(store, (run_id, generation), whole_run)
+            except StoreError as error:  # the first question makes them
+                log.warning("could not keep the phases of run %s: %s", run_id, error)
     return kept
 
 
@@ -63,7 +66,10 @@ def kept_phases(store: Store, kept: tuple[str, int], where: Predicates) -> tuple
             "rows": pa.array([table.num_rows], pa.uint64()),
             "made": pa.array([time.time_ns()], pa.timestamp("ns", "UTC")),
         }
-        store.append("kept_answers", pa.table(row))
+        try:
+            store.append("kept_answers", pa.table(row))
+        except StoreError as error:  # the answer stands; the next question makes it again
+            log.warning("could not keep the phases of run %s: %s", run_id, error)
     return answer, table.num_rows
 
 
