@@ -68,7 +68,8 @@ def health(address: str) -> int:
 
 def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
     rows_per_batch = 4 * 20_000
-    requests = [request(telemetry(f"flight-{w}-{i}", n=20_000)) for w in range(4) for i in range(12)]
+    # enough that writers are still sending when the signal comes, however late the test thread sees 4 acks
+    requests = [request(telemetry(f"flight-{w}-{i}", n=20_000)) for w in range(4) for i in range(30)]
     acknowledged: list[tuple[str, float, float]] = []  # batch id, call started, call answered
     refused: list[grpc.StatusCode] = []
     with serve(home=tmp_path) as (process, address, _):
