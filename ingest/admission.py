@@ -31,7 +31,7 @@ from tracehouse.pushback import BEHIND
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 DEFAULT_MAX_CALLS = 12  # when not given: create_server gives three in four of its worker threads
-DEFAULT_TARGET_MS = 3_000  # a third of an agent's call timeout: the slowest writes wait about twice the target
+DEFAULT_TARGET_MS = 700  # the slowest writes a server takes wait about one and a half times the target
 FIRST_CALLS = 256  # writes taken at once while the pace is unknown
 PACE_WINDOW_S = 3.0  # writes finished this long ago or less set the pace
 FIRST_WRITE_MS = 100  # what a write is taken to last while the pace is unknown

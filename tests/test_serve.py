@@ -72,7 +72,8 @@ def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_pa
     requests = [request(telemetry(f"flight-{w}-{i}", n=20_000)) for w in range(4) for i in range(30)]
     acknowledged: list[tuple[str, float, float]] = []  # batch id, call started, call answered
     refused: list[grpc.StatusCode] = []
-    with serve(home=tmp_path) as (process, address, _):
+    # what this tests is the stop: no write is turned away because the store is behind (admission)
+    with serve("--ack-target-ms", "600000", home=tmp_path) as (process, address, _):
         assert health(address) == health_pb2.HealthCheckResponse.SERVING
 
         def writer(worker: int) -> None:
