@@ -7,6 +7,7 @@ that old code fails the test instead of taking the test runner down."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
 import os
 import sqlite3
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 from agent.shipping.writer import BatchWriter
+from agent.traces import nsys_checks
 from agent.traces.importer import import_export
 from agent.traces.kineto import KinetoTrace
 from agent.traces.kineto_synthetic import KinetoSpec, write_trace
@@ -332,6 +334,37 @@ def test_wrong_types_and_ranges_in_an_export_are_refused_before_anything_is_sent
     good = tmp_path / "good.sqlite"
     import_refused(path, reason, address, capsys, lambda: nothing_stored(client),
                    (good, lambda p: write_export(p, Spec(steps=2))))  # fmt: skip
+
+
+def test_checks_split_a_table_and_name_its_first_bad_row_as_one_scan_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table checked in rowid ranges on several connections: a bad row in any range is found, and of
+    bad rows in two ranges the first is named, with its own reason."""
+    monkeypatch.setattr(nsys_checks, "SPLIT_ROWS", 4)
+    path = tmp_path / "trace.sqlite"
+    write_export(path, Spec(steps=2))
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute(f"SELECT count(), min(rowid), max(rowid) FROM {KERNEL}").fetchone()
+        assert rows[0] >= 9 and rows[2] - rows[1] + 1 == rows[0]
+        connection.execute(f"UPDATE {KERNEL} SET deviceId = 99999 WHERE rowid = {rows[2] - 1}")
+    ranges = nsys_checks._spans(sqlite3.connect(path), KERNEL, 3)
+    assert len(ranges) == 3 and ranges[0][0] == rows[1] and ranges[-1][1] == rows[2]
+    assert all(before[1] + 1 == after[0] for before, after in itertools.pairwise(ranges))
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(path, check_same_thread=False)
+
+    tables = {KERNEL: {"deviceId", "start", "end", "streamId"}}
+    with pytest.raises(nsys_checks.NsysCheckError, match=rf"deviceId: 99999 is out of range .* \(row {rows[2] - 1}\)"):
+        nsys_checks.check_tables(connect, tables, "trace.sqlite", 0, 0, workers=3)
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"UPDATE {KERNEL} SET streamId = 'two' WHERE rowid = {rows[1] + 2}")
+    for workers in (1, 3):
+        with pytest.raises(nsys_checks.NsysCheckError, match=rf"streamId: text where .* \(row {rows[1] + 2}\)"):
+            nsys_checks.check_tables(connect, tables, "trace.sqlite", 0, 0, workers=workers)
+    with pytest.raises(TraceFileError, match=rf"streamId: text where .* \(row {rows[1] + 2}\)"):
+        Export(path)
 
 
 def _corrupt_page(path: Path) -> None:

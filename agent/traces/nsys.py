@@ -67,8 +67,7 @@ class Export:
         self.path = path
         _check_file(path)
         self._stat = path.stat()
-        self._sqlite = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        self._sqlite.text_factory = decoded
+        self._sqlite = self._connect()
         self.replaced_utf8 = False  # some string was not valid UTF-8: replaced with U+FFFD
         try:
             with self._refusing():
@@ -88,6 +87,11 @@ class Export:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        connection.text_factory = decoded
+        return connection
 
     @contextlib.contextmanager
     def _refusing(self) -> Iterator[None]:
@@ -167,7 +171,7 @@ class Export:
         inspected = self.inspection.tables
         chosen = inspected if tables is None else {t: c for t, c in inspected.items() if t in tables}
         try:
-            check_tables(self._sqlite, chosen, self.path.name, offset, strings)
+            check_tables(self._connect, chosen, self.path.name, offset, strings)
         except NsysCheckError as error:
             raise NsysError(str(error)) from None
 

@@ -2,15 +2,20 @@
 can hold any SQLite type in any row, so each is checked, one query per table, before the run is
 declared. A file that fails is refused with one line naming the table, the column, the row and why.
 
-The checks run in SQLite (typeof, BETWEEN), each table scanned once; the rows are then read through
-ADBC, which needs one type per column anyway. Strings are not checked here: any type reads as text
-(CAST), invalid UTF-8 is replaced and long strings are cut (agent/traces/nsys.py).
+The checks run in SQLite (typeof, BETWEEN), each table scanned once, in rowid ranges on as many
+connections as there are cores (SQLite runs without the GIL): nothing else runs while they do. The
+rows are then read through ADBC, which needs one type per column anyway. Strings are not checked
+here: any type reads as text (CAST), invalid UTF-8 is replaced and long strings are cut
+(agent/traces/nsys.py).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from agent.traces.tracefile import MAX_EVENT_BYTES, MAX_EVENT_NS, MAX_TIME_NS, TraceFileError
 from tracehouse.model import DEFAULT_LIMITS
@@ -68,11 +73,60 @@ COLUMNS: Mapping[str, Mapping[str, str]] = {
 ORDERED = {"NVTX_EVENTS", *(t for t, c in COLUMNS.items() if c.get("end") == "time!")}  # end >= start
 
 
+SPLIT_ROWS = 50_000  # a table of more rows is checked in ranges of rowids, one per connection
+
+
 def check_tables(
-    connection: sqlite3.Connection, tables: Mapping[str, set[str]], name: str, offset: int, strings: int
+    connect: Callable[[], sqlite3.Connection],
+    tables: Mapping[str, set[str]],
+    name: str,
+    offset: int,
+    strings: int,
+    workers: int = 0,
 ) -> None:
     """Refuse (NsysCheckError) the first row of any table whose columns break their rule; times
-    must lie in [0, MAX_TIME_NS] once `offset` (the session's start) is added."""
+    must lie in [0, MAX_TIME_NS] once `offset` (the session's start) is added. `connect` opens the
+    file (each of `workers` threads its own connection; 0: one per core)."""
+    checks = _checks(tables, offset, strings)
+    if not checks:
+        return
+    workers = workers or min(4, os.cpu_count() or 1)
+    connections: list[sqlite3.Connection] = []
+    mine = threading.local()
+
+    def first_bad(piece: tuple[str, str, int | None, int | None]) -> int | None:
+        table, where, low, high = piece
+        if not hasattr(mine, "connection"):
+            mine.connection = connect()
+            connections.append(mine.connection)
+        in_range = "" if low is None else f"rowid BETWEEN {low} AND {high} AND "
+        sql = f'SELECT rowid FROM "{table}" WHERE {in_range}NOT ({where}) LIMIT 1'
+        try:
+            bad = mine.connection.execute(sql).fetchone()
+        except sqlite3.Error as error:
+            raise NsysCheckError(f"{name}: cannot read {table} ({str(error).splitlines()[0][:200]})") from None
+        return None if bad is None else int(bad[0])
+
+    main = connect()
+    try:
+        pieces = [
+            (table, where, *span) for table, (_, where) in checks.items() for span in _spans(main, table, workers)
+        ]
+        with ThreadPoolExecutor(workers, thread_name_prefix="nsys-check") as pool:
+            found = list(pool.map(first_bad, pieces))
+        for table, (conditions, _) in checks.items():  # the first table, and its first row, as one scan finds them
+            rows = [row for piece, row in zip(pieces, found, strict=True) if piece[0] == table and row is not None]
+            if rows:
+                present = {column: rule for column, rule in COLUMNS[table].items() if column in tables[table]}
+                raise NsysCheckError(f"{name}: {_diagnose(main, table, conditions, present, min(rows))}")
+    finally:
+        for connection in (main, *connections):
+            connection.close()
+
+
+def _checks(tables: Mapping[str, set[str]], offset: int, strings: int) -> dict[str, tuple[dict[str, str], str]]:
+    """Per table that has any column with a rule, in COLUMNS order: each column's condition, and all of them."""
+    checks = {}
     for table, rules in COLUMNS.items():
         present = {column: rule for column, rule in rules.items() if column in tables.get(table, ())}
         if not present:
@@ -80,13 +134,20 @@ def check_tables(
         conditions = {column: _condition(column, rule, offset, strings) for column, rule in present.items()}
         if table in ORDERED and {"start", "end"} <= present.keys():
             conditions["end "] = f'"end" IS NULL OR start IS NULL OR "end" BETWEEN start AND start + {MAX_EVENT_NS}'
-        where = " AND ".join(f"({condition})" for condition in conditions.values())
-        try:
-            bad = connection.execute(f'SELECT rowid FROM "{table}" WHERE NOT ({where}) LIMIT 1').fetchone()
-        except sqlite3.Error as error:
-            raise NsysCheckError(f"{name}: cannot read {table} ({str(error).splitlines()[0][:200]})") from None
-        if bad is not None:
-            raise NsysCheckError(f"{name}: {_diagnose(connection, table, conditions, present, bad[0])}")
+        checks[table] = (conditions, " AND ".join(f"({condition})" for condition in conditions.values()))
+    return checks
+
+
+def _spans(connection: sqlite3.Connection, table: str, parts: int) -> list[tuple[int | None, int | None]]:
+    """Rowid ranges that cover the table, `parts` of them for a large one; (None, None): the whole table."""
+    try:
+        low, high = connection.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+    except sqlite3.Error:
+        return [(None, None)]  # the check itself says why the table cannot be read
+    if low is None or parts < 2 or high - low < SPLIT_ROWS:
+        return [(None, None)]
+    step = (high - low) // parts + 1
+    return [(start, min(high, start + step - 1)) for start in range(low, high + 1, step)]
 
 
 def _condition(column: str, rule: str, offset: int, strings: int) -> str:
