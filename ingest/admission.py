@@ -14,6 +14,12 @@ longer than `target_ms` at that pace. That bound holds only while the writes of 
 more than half the target on average: until then the store keeps up, and the pace is what writers
 offer, not what the store can do. Until writes have finished lately, at most FIRST_CALLS are taken.
 
+A write refused once the pace is known is given a turn (the retry hint): after the turns given
+before it, each as long as its write takes at that pace. Writers come back one after another, at the
+pace the store takes them, and most calls find room: a thousand writers whose hints only said when
+room would be made came back together, and four in five of their calls were refused, at a third of
+the server's CPU. While turns given are yet to come, the bound stays on however quickly writes finish.
+
 A write is always admitted when nothing else is in flight, so a batch larger than the
 bound still goes through, alone.
 """
@@ -105,7 +111,7 @@ class Admission:
         self._finished: collections.deque[tuple[float, int, float]] = collections.deque()  # (when, bytes, took)
         self._finished_bytes = 0  # their sums
         self._finished_took = 0.0
-        self._turned_away: collections.deque[float] = collections.deque()  # when
+        self._next_turn = 0.0  # when the turns given to writes turned away end
         self._first_finished = 0.0
 
     @contextlib.contextmanager
@@ -119,8 +125,8 @@ class Admission:
             pace = self._pace(now)  # bytes stored per second lately; None: unknown
             if self._calls:
                 wait_ms = None if pace is None else (self._bytes + size) / pace * 1000
-                if wait_ms is not None and self._mean_took_ms() <= target_ms / 2:
-                    wait_ms = None  # the store keeps up
+                if wait_ms is not None and self._mean_took_ms() <= target_ms / 2 and self._next_turn <= now:
+                    wait_ms = None  # the store keeps up, and no writer turned away is yet to come back
                 max_calls = self.max_calls if pace else min(self.max_calls, FIRST_CALLS)
                 if (
                     self._bytes + size > self.max_bytes
@@ -178,17 +184,17 @@ class Admission:
         return self._finished_took / max(1, len(self._finished)) * 1000
 
     def _retry_ms(self, size: int, pace: float | None, now: float, target_ms: float) -> int:
-        """The time until this write would fit at the recent pace, stretched by how many writers were
-        turned away lately per write finished (so that they come back spread out, not all at once)."""
-        self._turned_away.append(now)
-        while self._turned_away[0] < now - PACE_WINDOW_S:
-            self._turned_away.popleft()
+        """This write's turn: once it would fit at the recent pace, and after the turns of the writes
+        turned away before it, each as long as the store takes to store it at that pace; so that the
+        writers turned away come back one after another at the pace the store takes them, not all at
+        once, and each call finds room."""
         if pace is None:  # as long as a write is taken to last at first, times how far over the bounds
             over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / min(self.max_calls, FIRST_CALLS))
             return int(min(MAX_RETRY_MS, FIRST_WRITE_MS * over))
-        room_ms = max(MIN_RETRY_MS, (self._bytes + size) / pace * 1000 - target_ms / 2)
-        crowd = 1 + len(self._turned_away) / max(1, len(self._finished))
-        return int(min(MAX_RETRY_MS, room_ms * crowd))
+        fits = now + max(MIN_RETRY_MS, (self._bytes + size) / pace * 1000 - target_ms / 2) / 1000
+        turn = max(self._next_turn, fits)
+        self._next_turn = turn + size / pace
+        return int(min(MAX_RETRY_MS, (turn - now) * 1000))
 
     def counts(self) -> AdmissionCounts:
         with self._lock:

@@ -394,3 +394,41 @@ def test_bench_load_loses_nothing_and_reports_its_figures() -> None:
     assert result["server_peak_rss_mb"] > 0 and result["server_away"] == 0
     # whether two writes meet at the one-byte bound is up to timing; a refused batch always waits in the spool
     assert result["resource_exhausted"] == 0 or result["spooled_batches"] > 0
+
+
+def test_writers_turned_away_get_turns_one_after_another_at_the_stores_pace() -> None:
+    """Writers refused while the store is behind are each given a turn after those refused before
+    them, a write's bytes at the recent pace apart, so that they come back spread out at the pace the
+    store takes them, not all at once; a schedule that has passed delays no one."""
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 1_000, 1_000)  # 2,000 bytes a second, each write longer than half the target
+    turns = []
+    with admission.admit(1_000), admission.admit(1_000):  # with one more, 1.5 s of work ahead
+        for _ in range(4):
+            with pytest.raises(Overloaded) as refused, admission.admit(1_000):
+                pass
+            turns.append(refused.value.retry_ms)
+    assert turns == [1_000, 1_500, 2_000, 2_500]  # until it fits (less half the target), then 0.5 s apart
+    clock.now += 10.0
+    _finish(admission, clock, 0.6, 1_000, 1_000)  # the same pace again, the turns long past
+    with admission.admit(1_000), admission.admit(1_000):
+        with pytest.raises(Overloaded) as refused, admission.admit(1_000):
+            pass
+        assert refused.value.retry_ms == 1_000
+
+
+def test_the_bound_stays_on_while_writers_turned_away_are_yet_to_come_back() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 1_000, 1_000)
+    with admission.admit(1_000), admission.admit(1_000), pytest.raises(Overloaded) as refused, admission.admit(1_000):
+        pass
+    assert refused.value.retry_ms == 1_000  # a turn from 1 s on, until 1.5 s
+    # the two writes held finished at once: taken alone, the writes of late say the store keeps up
+    with admission.admit(1_000), admission.admit(1_000):
+        with pytest.raises(Overloaded), admission.admit(4_000):  # yet the turn given is to come
+            pass
+        clock.now += 2.5  # the turns given, this write's too, have come and gone
+        with admission.admit(4_000):
+            assert admission.counts().pending_bytes == 6_000
