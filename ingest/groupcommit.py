@@ -1,6 +1,7 @@
 """Group commit: the batches that writers send at the same time are stored together, one insert
-per table for all of them, at most one group per `interval_s` (sooner once `max_rows` rows wait),
-of at most `max_rows` rows (what is left waits for the next group, first in line).
+per table for all of them, at most one group per `interval_s` (sooner once `max_rows` rows wait, or
+a batch of ALONE_ROWS rows or more, an insert worth making on its own: an import's chunk), of at
+most `max_rows` rows (what is left waits for the next group, first in line).
 So the parts the store makes, and what each insert costs, follow the data, not the number of
 writers. Each writer is answered when the group holding its batch is stored, or, when storing it
 takes longer than `answer_within_s`, once the group is claimed (Store.claim_group: from then on it
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 SWEEP_S = 10.0
 STORING_AT_ONCE = 2  # one group's rows go to the engine while the next is claimed
 UNFINISHED_AFTER_S = 30.0  # a group unfinished for longer than this lost its server
+# A batch this large does not wait for the interval: an import sends 65,536 events a batch with two in
+# flight, and waiting held it to one batch per interval (about 330 k events/s at 200 ms).
+ALONE_ROWS = 32_768
 
 
 @dataclass
@@ -64,6 +68,7 @@ class GroupCommit:
         self.sweep_s = sweep_s
         self._waiting: list[_Waiting] = []
         self._rows = 0
+        self._alone = 0  # batches waiting of ALONE_ROWS rows or more
         self._changed = threading.Condition()
         self._last_group = -math.inf
         self._last_sweep = time.monotonic()
@@ -89,6 +94,7 @@ class GroupCommit:
                 raise StoreUnavailable("the server is stopping: retry on another, or once it is back")
             self._waiting.append(waiting)
             self._rows += waiting.rows
+            self._alone += waiting.rows >= ALONE_ROWS
             self._changed.notify()
         if waiting.may_answer_early and self.answer_within_s is not None:
             waiting.stored.wait(self.answer_within_s)
@@ -135,7 +141,7 @@ class GroupCommit:
             now = time.monotonic()
             if self._waiting:
                 due = self._last_group + self.interval_s
-                if not self._closing and self._rows < self.max_rows and now < due:
+                if not self._closing and self._rows < self.max_rows and not self._alone and now < due:
                     self._changed.wait(due - now)
                 elif self._closing or len(self._storing) < STORING_AT_ONCE:
                     self._last_group = now
@@ -160,6 +166,7 @@ class GroupCommit:
             taken += 1
         group, self._waiting = self._waiting[:taken], self._waiting[taken:]
         self._rows -= rows
+        self._alone -= sum(waiting.rows >= ALONE_ROWS for waiting in group)
         return group
 
     def _store(self, group: list[_Waiting], stored: threading.Event, earlier: set[threading.Event]) -> None:

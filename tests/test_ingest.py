@@ -324,3 +324,30 @@ def test_a_writer_is_answered_once_its_batch_is_claimed_when_storing_takes_longe
     finally:
         commit.close()
     assert seen_when_stored == [200_000], "the bytes held for the write are let go once its rows are in"
+
+
+def test_a_batch_worth_an_insert_of_its_own_does_not_wait_for_the_interval(store: Store) -> None:
+    """With a group a minute at most, a second small batch waits for the minute; a batch of
+    ALONE_ROWS rows (an import's chunk) is stored as soon as the store can take it, with what waits."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.groupcommit import ALONE_ROWS, GroupCommit
+    from ingest.validate import validate_batch
+
+    small = [validate_batch(request(telemetry(f"small-{i}", n=25)).batch, DEFAULT_LIMITS, T0) for i in range(2)]
+    large = validate_batch(request(telemetry("large", n=ALONE_ROWS // 4)).batch, DEFAULT_LIMITS, T0)
+    assert sum(large.rows().values()) == ALONE_ROWS
+    commit = GroupCommit(store, CommitPolicy(interval_s=60.0))
+    try:
+        commit.write(small[0], T0)  # the first group is taken at once
+        waiting = threading.Thread(target=commit.write, args=(small[1], T0))
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive(), "the small batch waits for the minute"
+        stored = threading.Thread(target=commit.write, args=(large, T0))
+        stored.start()
+        stored.join(50)
+        waiting.join(10)
+        assert not stored.is_alive() and not waiting.is_alive(), "stored before the minute was up"
+    finally:
+        commit.close()
+    assert counts(store)["samples"] == 2 * 100 + ALONE_ROWS
