@@ -15,10 +15,17 @@ more than half the target on average: until then the store keeps up, and the pac
 offer, not what the store can do. Until writes have finished lately, at most FIRST_CALLS are taken.
 
 A write refused once the pace is known is given a turn (the retry hint): after the turns given
-before it, each as long as its write takes at that pace. Writers come back one after another, at the
-pace the store takes them, and most calls find room: a thousand writers whose hints only said when
-room would be made came back together, and four in five of their calls were refused, at a third of
-the server's CPU. While turns given are yet to come, the bound stays on however quickly writes finish.
+before it, each as long as its write takes at that pace, and never more than MAX_RETRY_MS ahead.
+Writers come back one after another, at the pace the store takes them, and most calls find room: a
+thousand writers whose hints only said when room would be made came back together, and four in five
+of their calls were refused, at a third of the server's CPU.
+
+Turns serve a burst, not a crowd. Once more writes were refused over the last PACE_WINDOW_S than the
+server takes at once, more writers want to write than the store can take (writers that are behind
+send their next batch as soon as one is answered, and take the room a turn was counting on), and a
+writer turned away is asked to come back in MAX_RETRY_MS: its spool holds its data, and each of its
+calls refused would have cost the server as much CPU as one it stores. While turns given or writers
+turned away are yet to come back, the bound stays on however quickly writes finish.
 
 A write is always admitted when nothing else is in flight, so a batch larger than the
 bound still goes through, alone.
@@ -112,6 +119,8 @@ class Admission:
         self._finished_bytes = 0  # their sums
         self._finished_took = 0.0
         self._next_turn = 0.0  # when the turns given to writes turned away end
+        self._back_by = 0.0  # when every writer turned away so far is due back
+        self._refusals: collections.deque[float] = collections.deque()  # when, over the last PACE_WINDOW_S
         self._first_finished = 0.0
 
     @contextlib.contextmanager
@@ -125,7 +134,7 @@ class Admission:
             pace = self._pace(now)  # bytes stored per second lately; None: unknown
             if self._calls:
                 wait_ms = None if pace is None else (self._bytes + size) / pace * 1000
-                if wait_ms is not None and self._mean_took_ms() <= target_ms / 2 and self._next_turn <= now:
+                if wait_ms is not None and self._mean_took_ms() <= target_ms / 2 and self._back_by <= now:
                     wait_ms = None  # the store keeps up, and no writer turned away is yet to come back
                 max_calls = self.max_calls if pace else min(self.max_calls, FIRST_CALLS)
                 if (
@@ -187,14 +196,22 @@ class Admission:
         """This write's turn: once it would fit at the recent pace, and after the turns of the writes
         turned away before it, each as long as the store takes to store it at that pace; so that the
         writers turned away come back one after another at the pace the store takes them, not all at
-        once, and each call finds room."""
+        once, and each call finds room. MAX_RETRY_MS for a write turned away from a crowd."""
+        self._refusals.append(now)
+        while self._refusals[0] < now - PACE_WINDOW_S:
+            self._refusals.popleft()
+        if len(self._refusals) > self.max_calls:  # a crowd, not a burst
+            self._back_by = max(self._back_by, now + MAX_RETRY_MS / 1000)
+            return MAX_RETRY_MS
         if pace is None:  # as long as a write is taken to last at first, times how far over the bounds
             over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / min(self.max_calls, FIRST_CALLS))
             return int(min(MAX_RETRY_MS, FIRST_WRITE_MS * over))
         fits = now + max(MIN_RETRY_MS, (self._bytes + size) / pace * 1000 - target_ms / 2) / 1000
-        turn = max(self._next_turn, fits)
-        self._next_turn = turn + size / pace
-        return int(min(MAX_RETRY_MS, (turn - now) * 1000))
+        latest = now + MAX_RETRY_MS / 1000  # at a pace measured on a few writes, turns would run far ahead
+        turn = min(max(self._next_turn, fits), latest)
+        self._next_turn = min(turn + size / pace, latest)
+        self._back_by = max(self._back_by, turn)
+        return int((turn - now) * 1000)
 
     def counts(self) -> AdmissionCounts:
         with self._lock:

@@ -138,7 +138,9 @@ def test_the_report_counts_lost_and_duplicated_values_batch_by_batch() -> None:
         Delivery(w, k, n, batches.due_s(w, k), batches.due_s(w, k) + 0.1, sent_s=batches.due_s(w, k) + 0.06)
         for w, k in batches.scheduled(2.0)
     ]  # each answered 100 ms after it closed, 40 ms after its last call began
-    run = Replay([*acked, Delivery(1, 9, n, 1.5, sent_s=1.5)], finished_s=2.5)  # (1, 9): sent, never answered
+    calling = Delivery(1, 9, n, 1.5, sent_s=1.5, calling=True)  # sent, never answered
+    pausing = Delivery(0, 9, n, 2.0, sent_s=2.0)  # refused at 2.0, waiting out the pause asked for at the end
+    run = Replay([*acked, calling, pausing], finished_s=2.5)
     stored = {(d.writer, d.k): n for d in acked} | {(0, 0): n - 5, (0, 1): 2 * n, (1, 9): n, (1, 40): 3}
     report = fleet_report(batches, run, 2.0, None, Server(1.0, 0.5, 100.0, 0), Stored(stored, {"samples": 5}, 0))
     assert (report["lost"], report["duplicated"]) == (5, n + 3), "a batch stored without an answer is no duplicate"
@@ -147,6 +149,8 @@ def test_the_report_counts_lost_and_duplicated_values_batch_by_batch() -> None:
     assert report["ack_latency_ms"]["p50"] == 40 and report["delivery_delay_ms"]["p50"] == 100
     for late in (report["ack_latency_ms"], report["delivery_delay_ms"]):
         assert late["max"] == 1000, "the unanswered batch counts as late as the bench waited"
+    delay, took = report["delivery_delay_ms"]["p99"], report["ack_latency_ms"]["p99"]
+    assert delay > took, "the batch waiting out its pause is late, but no call of it is"
 
 
 def test_bench_load_writers_stores_every_value_once_and_reports_its_figures() -> None:

@@ -19,7 +19,15 @@ from agent.shipping.shipper import UNHINTED_PUSHBACK_S, Outcome, Shipper, classi
 from agent.shipping.spool import EncodedBatch, Spool
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
-from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS, FIRST_CALLS, Admission, Overloaded
+from ingest.admission import (
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_TARGET_MS,
+    FIRST_CALLS,
+    MAX_RETRY_MS,
+    PACE_WINDOW_S,
+    Admission,
+    Overloaded,
+)
 from ingest.store import Claim, Store
 from ingest.validate import ValidatedBatch
 from tests.helpers import Clock, counts, telemetry
@@ -432,3 +440,43 @@ def test_the_bound_stays_on_while_writers_turned_away_are_yet_to_come_back() -> 
         clock.now += 2.5  # the turns given, this write's too, have come and gone
         with admission.admit(4_000):
             assert admission.counts().pending_bytes == 6_000
+
+
+def _turn_away(admission: Admission, size: int) -> int:
+    with pytest.raises(Overloaded) as refused, admission.admit(size):
+        pass
+    return refused.value.retry_ms
+
+
+def test_turns_run_no_further_ahead_than_the_longest_pause_whatever_the_pace() -> None:
+    """A pace measured on the first few writes can be a thousandth of the store's: turns given at it
+    would run minutes ahead, and every write turned away after them, the pace known by then, would wait
+    the longest pause for turns that no one holds."""
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 10)  # 10 bytes a second
+    with admission.admit(1_000):
+        assert [_turn_away(admission, 1_000) for _ in range(3)] == [MAX_RETRY_MS] * 3  # 100 s a turn
+    clock.now += MAX_RETRY_MS / 1000
+    _finish(admission, clock, 0.6, *[1_000] * 4)  # 4,000 bytes in the 1.8 s since the first finished
+    with admission.admit(1_000), admission.admit(1_000):
+        assert _turn_away(admission, 1_000) == 850  # once 3,000 bytes would fit at that pace, less half the target
+
+
+def test_a_crowd_turned_away_is_asked_to_come_back_after_the_longest_pause() -> None:
+    """More writes turned away over the window than the server takes at once: writers that are behind
+    take the room as soon as they are answered, turns would only bring the others back to be refused
+    again, so each is asked for the longest pause; a burst is given turns again once the window passed."""
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=3, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 1_000, 1_000)
+    with admission.admit(1_000), admission.admit(1_000):
+        hints = [_turn_away(admission, 1_000) for _ in range(5)]
+        assert hints == [1_000, 1_500, 2_000, MAX_RETRY_MS, MAX_RETRY_MS]
+    clock.now += PACE_WINDOW_S + 0.1
+    _finish(admission, clock, 0.6, 1_000, 1_000)
+    with admission.admit(1_000), admission.admit(1_000):
+        assert _turn_away(admission, 1_000) < MAX_RETRY_MS
+        with pytest.raises(Overloaded), admission.admit(4_000):  # the writers parked are yet to come back
+            clock.now += 0.6  # writes of late finished quickly, but the bound stays on
+            pass

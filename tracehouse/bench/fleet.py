@@ -43,6 +43,7 @@ class Delivery:
     refused: str = ""  # the status of a refusal that no retry can change
     duplicate: bool = False  # the server answered that it had stored the batch before
     sent_s: float = 0.0  # when its last call began
+    calling: bool = False  # a call is under way (not a pause the server asked for, nor a backoff)
 
 
 @dataclass
@@ -127,10 +128,11 @@ class _Replayer:
         tally, backoff = self.result.tally, FIRST_BACKOFF_S
         while True:
             tally.calls += 1
-            delivery.sent_s = self.now()
+            delivery.sent_s, delivery.calling = self.now(), True
             try:
                 answer = await write(payload, timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as error:
+                delivery.calling = False
                 code = error.code()
                 if code in PERMANENT:
                     tally.refused += 1
@@ -150,7 +152,7 @@ class _Replayer:
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(MAX_BACKOFF_S, 2 * backoff)
                 continue
-            delivery.acked_s, delivery.duplicate = self.now(), answer.duplicate
+            delivery.acked_s, delivery.duplicate, delivery.calling = self.now(), answer.duplicate, False
             return
 
 

@@ -77,15 +77,16 @@ def fleet_report(
     in_window = sum(d.values for d in acked.values() if (d.acked_s or 0.0) <= seconds)
     lost = sum(max(0, d.values - stored.per_batch.get(key, 0)) for key, d in acked.items())
     duplicated = sum(max(0, n - sent.get(key, 0)) for key, n in stored.per_batch.items())
-    # a batch still unanswered when the bench gave up on it took at least that long
+    # a batch still unanswered when the bench gave up on it took at least that long; a call too, if one
+    # was under way (not a writer waiting out the pause the server asked for)
     unanswered = [d for d in run.deliveries if d.acked_s is None and not d.refused]
 
-    def milliseconds_since(start: Callable[[Delivery], float]) -> np.ndarray[Any, Any]:
+    def milliseconds_since(start: Callable[[Delivery], float], unanswered: list[Delivery]) -> np.ndarray[Any, Any]:
         answered = [(d.acked_s or 0.0) - start(d) for d in acked.values()]
         return 1000 * np.array(answered + [run.finished_s - start(d) for d in unanswered])
 
-    took = milliseconds_since(lambda d: d.sent_s)  # the answered call's own time
-    delayed = milliseconds_since(lambda d: d.due_s)  # from the batch's close
+    took = milliseconds_since(lambda d: d.sent_s, [d for d in unanswered if d.calling])  # the call's own time
+    delayed = milliseconds_since(lambda d: d.due_s, unanswered)  # from the batch's close
     measured = {
         "accepted_values_per_s": round(in_window / seconds),
         "server_cpu_us_per_value": round(server.cpu_seconds * 1e6 / in_window, 2) if in_window else None,
