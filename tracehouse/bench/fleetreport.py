@@ -81,9 +81,9 @@ def fleet_report(
     # was under way (not a writer waiting out the pause the server asked for)
     unanswered = [d for d in run.deliveries if d.acked_s is None and not d.refused]
 
-    def milliseconds_since(start: Callable[[Delivery], float], unanswered: list[Delivery]) -> np.ndarray[Any, Any]:
+    def milliseconds_since(start: Callable[[Delivery], float], given_up: list[Delivery]) -> np.ndarray[Any, Any]:
         answered = [(d.acked_s or 0.0) - start(d) for d in acked.values()]
-        return 1000 * np.array(answered + [run.finished_s - start(d) for d in unanswered])
+        return 1000 * np.array(answered + [run.finished_s - start(d) for d in given_up])
 
     took = milliseconds_since(lambda d: d.sent_s, [d for d in unanswered if d.calling])  # the call's own time
     delayed = milliseconds_since(lambda d: d.due_s, unanswered)  # from the batch's close
