@@ -1,18 +1,27 @@
 """A group commit's content: the batches it holds, their rows per table made one table each, and
 the same as the bytes `ingest_pending` keeps, from which a group a crash left half-stored is made
-again exactly as it was, so that the insert tokens that name it find what did land."""
+again exactly as it was, so that the insert tokens that name it find what did land.
+
+A batch that stands alone (an import's chunk: events only, many, of one month) is a group by itself
+and needs no copy: its rows go to the store in one insert, one part, so it lands whole or not at
+all, and its token depends only on the batch, so that a retry, whenever it comes, finds what landed."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.validate import ValidatedBatch
 
 TABLES = ("samples", "events", "runs", "devices")
+# A batch this large is an insert worth making on its own: an import sends 65,536 events a batch.
+ALONE_ROWS = 32_768
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
@@ -24,6 +33,7 @@ class Group:
     digests: tuple[str, ...]
     rows: tuple[Mapping[str, int], ...]  # per batch, rows per table
     tables: Mapping[str, pa.Table]  # the batches' rows, one after another, per table that has any
+    alone: bool = False  # one batch that stands alone: not copied to ingest_pending
 
     def token(self, table: str) -> str:
         return f"{self.commit}/{table}"
@@ -57,6 +67,38 @@ def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
         digests=tuple(batch.digest for batch in batches),
         rows=tuple(batch.rows() for batch in batches),
         tables=tables,
+    )
+
+
+def stands_alone(batch: ValidatedBatch) -> bool:
+    """Whether `batch` is stored as a group of its own, without a copy in ingest_pending: at least
+    ALONE_ROWS events, nothing else (no rollups follow), all in one month (the events table's
+    partition), so that its insert makes one part."""
+    events = batch.events
+    if (
+        events is None
+        or events.num_rows < ALONE_ROWS
+        or any(table is not None for table in (batch.samples, batch.runs, batch.devices))
+    ):
+        return False
+    bounds = pc.min_max(events.column("start").cast(pa.int64()))
+    months = np.array([bounds["min"].as_py(), bounds["max"].as_py()], "datetime64[ns]").astype("datetime64[M]")
+    return bool(months[0] == months[1])
+
+
+def lone_group(batch: ValidatedBatch, received_ns: int) -> Group:
+    """A batch that stands alone as its group, numbered by its id and content: sent again, it is
+    stored under the same insert token, which the engine drops if the first insert landed."""
+    digest = hashlib.sha256(f"{batch.batch_id}\n{batch.digest}".encode()).digest()
+    assert batch.events is not None
+    return Group(
+        commit=int.from_bytes(digest[:8], "big") >> 1,
+        received_ns=received_ns,
+        batch_ids=(batch.batch_id,),
+        digests=(batch.digest,),
+        rows=(batch.rows(),),
+        tables={"events": batch.events},
+        alone=True,
     )
 
 

@@ -6,7 +6,8 @@ So the parts the store makes, and what each insert costs, follow the data, not t
 writers. Each writer is answered when the group holding its batch is stored, or, when storing it
 takes longer than `answer_within_s`, once the group is claimed (Store.claim_group: from then on it
 is stored once whatever fails). Batches that describe runs are answered only once stored, and are
-stored after every group taken before them: what their writers send next may read them.
+stored after every group taken before them: what their writers send next may read them. A batch
+that stands alone (ingest/group.py: an import's chunk) is a group by itself, answered once stored.
 
 Between groups, and every `sweep_s`, unfinished groups that another server left behind are
 finished (Store.finish_unfinished).
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ingest.commitpolicy import CommitPolicy
+from ingest.group import ALONE_ROWS, stands_alone
 from ingest.store import Store, StoreError, StoreUnavailable, WriteResult
 from ingest.validate import ValidatedBatch
 
@@ -31,9 +33,8 @@ log = logging.getLogger(__name__)
 SWEEP_S = 10.0
 STORING_AT_ONCE = 2  # one group's rows go to the engine while the next is claimed
 UNFINISHED_AFTER_S = 30.0  # a group unfinished for longer than this lost its server
-# A batch this large does not wait for the interval: an import sends 65,536 events a batch with two in
-# flight, and waiting held it to one batch per interval (about 330 k events/s at 200 ms).
-ALONE_ROWS = 32_768
+# A batch of ALONE_ROWS rows does not wait for the interval: an import sends 65,536 events a batch with
+# two in flight, and waiting held it to one batch per interval (about 330 k events/s at 200 ms).
 
 
 @dataclass
@@ -43,13 +44,16 @@ class _Waiting:
     wanted: Callable[[], bool]  # False once the writer gave up (its call was cancelled or timed out)
     rows: int
     on_stored: Callable[[], None]
+    alone: bool  # stands alone (ingest/group.py): a group by itself, answered only once stored
     stored: threading.Event = field(default_factory=threading.Event)
     claimed: threading.Event = field(default_factory=threading.Event)  # set with `stored` too
     outcome: WriteResult | Exception | None = None
 
     @property
     def may_answer_early(self) -> bool:
-        return self.batch.runs is None  # a run's description is read by what its writer sends next
+        # a run's description is read by what its writer sends next; a batch that stands alone has no
+        # copy in ingest_pending, from which a claimed group is stored whatever fails
+        return self.batch.runs is None and not self.alone
 
     def settle(self, outcome: WriteResult | Exception) -> None:
         self.outcome = outcome
@@ -88,7 +92,7 @@ class GroupCommit:
         from now. Batches that describe runs wait until stored: what a writer sends after them may
         read them. `on_stored` is called once the batch is stored, or refused, in any case."""
         rows = sum(batch.rows().values())
-        waiting = _Waiting(batch, received_ns, wanted, rows, on_stored)
+        waiting = _Waiting(batch, received_ns, wanted, rows, on_stored, stands_alone(batch))
         with self._changed:
             if self._closing:
                 raise StoreUnavailable("the server is stopping: retry on another, or once it is back")
@@ -157,10 +161,11 @@ class GroupCommit:
 
     def _take(self) -> list[_Waiting]:
         """The batches that waited longest, up to `max_rows` rows (at least one batch): a group no
-        larger than that, so that what waits behind it waits for no more than one such group."""
+        larger than that, so that what waits behind it waits for no more than one such group. A batch
+        that stands alone is a group by itself, every time it is sent."""
         rows, taken = 0, 0
         for waiting in self._waiting:
-            if taken and rows + waiting.rows > self.max_rows:
+            if taken and (rows + waiting.rows > self.max_rows or waiting.alone or self._waiting[0].alone):
                 break
             rows += waiting.rows
             taken += 1

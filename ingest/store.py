@@ -28,7 +28,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
-from ingest.group import TABLES, Group, decode_tables, encode_tables, new_group
+from ingest.group import TABLES, Group, decode_tables, encode_tables, lone_group, new_group, stands_alone
 from ingest.location import StoreLocation, parse_store_url, with_password
 from ingest.migrations import LATEST_VERSION, LEDGER, MIGRATIONS, TABLES_BY_NAME
 from ingest.rollup import rollups
@@ -403,7 +403,7 @@ class Store:
                         self._finish(client, winner)  # its server may be gone: answer only once it is stored
                 refused.update({fresh[j]: _ALREADY_CLAIMED for j in taken})
             except BaseException:
-                if self.sole_writer:  # a retry, or the sweep, finishes it
+                if self.sole_writer and not group.alone:  # a retry, or the sweep, finishes it
                     self._left_unfinished[group.commit] = frozenset(group.batch_ids)
                 raise
             finally:
@@ -431,8 +431,9 @@ class Store:
     ) -> tuple[set[str], dict[str, tuple[str, dict[str, int]]], dict[str, int]]:
         """Which of `batches` are stored already (finishing the unfinished groups that hold any),
         and the index of the first of each other batch id, which are claimed as one new group,
-        written to ingest_pending. One claim at a time in this process; the groups claimed are
-        stored at the same time, and a batch claimed already is waited for."""
+        written to ingest_pending (but for one batch that stands alone: ingest/group.py). One claim
+        at a time in this process; the groups claimed are stored at the same time, and a batch
+        claimed already is waited for."""
         while True:
             with self._write_lock:
                 busy = {self._claimed[batch_id][1] for batch_id in ids if batch_id in self._claimed}
@@ -448,8 +449,12 @@ class Store:
                         if batch.batch_id not in stored:
                             first.setdefault(batch.batch_id, i)
                     if first:
-                        group = new_group([batches[i] for i in sorted(first.values())], received_ns)
-                        self._insert_pending(client, group)
+                        fresh = [batches[i] for i in sorted(first.values())]
+                        if len(fresh) == 1 and stands_alone(fresh[0]):
+                            group = lone_group(fresh[0], received_ns)
+                        else:
+                            group = new_group(fresh, received_ns)
+                            self._insert_pending(client, group)
                         claim = (group, threading.Event())
                         self._claimed.update(dict.fromkeys(group.batch_ids, claim))
                     return finished, stored, first
@@ -521,8 +526,9 @@ class Store:
                 ),
             )
         _crash_point("ledger")
-        with self._done_lock:
-            self._done.append(group.commit)
+        if not group.alone:
+            with self._done_lock:
+                self._done.append(group.commit)
         return refused, taken
 
     def _taken_elsewhere(self, client: Client, group: Group) -> dict[int, int | None]:

@@ -31,6 +31,12 @@ def telemetry(batch_id: str, run_id: str = "run-a", host: str = "host-a", n: int
     return builder
 
 
+def kernels(batch_id: str, rows: int, span_ns: int = S, run_id: str = "run-a", host: str = "host-a") -> BatchBuilder:
+    """`rows` kernels spread over `span_ns` from T0, as an import's chunk holds them."""
+    starts = T0 + np.arange(rows, dtype=np.int64) * (span_ns // rows)
+    return BatchBuilder(batch_id, run_id=run_id, host=host).add_events("kernel", starts, starts + 1000, "gemm", gpu=0)
+
+
 def trace(batch_id: str, run_id: str = "run-a", host: str = "host-a", t0: int = T0) -> BatchBuilder:
     builder = BatchBuilder(batch_id, run_id=run_id, host=host)
     starts = t0 + np.arange(10) * 10 * MS

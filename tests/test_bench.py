@@ -22,6 +22,10 @@ def test_bench_import_runs_and_stores_every_event() -> None:
     assert result["events"] == result["stored_events"] > 19_000
     assert result["sqlite3_scan_rows"] >= result["events"]
     assert result["importer_peak_rss_mb"] > 0 and result["ratio"] > 0
+    # the importer reads and sends every event, the server validates and stores them: both spend CPU
+    assert result["importer_cpu_s"] > 0 and result["server_cpu_s"] > 0
+    both = result["importer_cpu_s"] + result["server_cpu_s"]
+    assert result["cpu_us_per_event"] == pytest.approx(both * 1e6 / result["events"], rel=0.02)
 
 
 def test_bench_agent_runs_and_stores_every_value() -> None:

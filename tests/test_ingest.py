@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ingest.store import Store
-from tests.helpers import MS, T0, counts, request, telemetry
+from ingest.validate import ValidatedBatch
+from tests.helpers import MS, T0, S, counts, kernels, request, telemetry
 from tracehouse.batch import BatchBuilder
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import batch_pb2, ingest_pb2, ingest_pb2_grpc
@@ -351,3 +352,37 @@ def test_a_batch_worth_an_insert_of_its_own_does_not_wait_for_the_interval(store
     finally:
         commit.close()
     assert counts(store)["samples"] == 2 * 100 + ALONE_ROWS
+
+
+def test_an_import_chunk_is_a_group_of_its_own_with_no_copy_in_pending(store: Store) -> None:
+    """A batch that stands alone (ALONE_ROWS events of one month) is stored as a group by itself, not
+    copied to ingest_pending, and answered only once stored; sent again it is a duplicate. The same
+    events over two months (two parts) are a group like any other."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.group import ALONE_ROWS
+    from ingest.groupcommit import GroupCommit
+    from ingest.validate import validate_batch
+
+    def validated(builder: BatchBuilder) -> ValidatedBatch:
+        return validate_batch(request(builder).batch, DEFAULT_LIMITS, T0)
+
+    small = [validated(telemetry(f"small-{i}", n=25)) for i in range(2)]
+    chunk = validated(kernels("chunk", ALONE_ROWS))
+    two_months = validated(kernels("two-months", ALONE_ROWS, span_ns=40 * 86_400 * S))
+    commit = GroupCommit(store, CommitPolicy(interval_s=60.0, answer_within_s=0))
+    try:
+        commit.write(small[0], T0)  # the first group is taken at once
+        waiting = threading.Thread(target=commit.write, args=(small[1], T0))
+        waiting.start()
+        waiting.join(1.0)
+        assert commit.write(chunk, T0).rows["events"] == ALONE_ROWS
+        assert counts(store)["events"] == ALONE_ROWS, "answered once stored"
+        waiting.join(30)
+        assert commit.answered_early == 2, "the small batches only"
+        assert commit.write(chunk, T0).duplicate
+        commit.write(two_months, T0)
+    finally:
+        commit.close()
+    pending = store.query("SELECT batch_ids FROM {db}.ingest_pending WHERE done = 0 ORDER BY received, commit")
+    assert sorted(map(tuple, pending.column("batch_ids").to_pylist())) == [("small-0",), ("small-1",), ("two-months",)]
+    assert counts(store)["events"] == 2 * ALONE_ROWS

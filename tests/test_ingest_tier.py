@@ -25,7 +25,7 @@ from ingest.store import Store
 from ingest.validate import validate_batch
 from query.client import Client
 from tests.fake_clickhouse import USER, running
-from tests.helpers import T0, S, closed_port, telemetry, trace
+from tests.helpers import T0, S, closed_port, kernels, telemetry, trace
 from tests.test_serve import serve
 from tracehouse.batch import encode_request
 from tracehouse.channel import encoded_write
@@ -473,3 +473,26 @@ def test_writers_answered_before_a_crash_find_their_batches_stored_once_as_soon_
             with contextlib.suppress(AssertionError):  # not a sweep period (30 s) later
                 wait_until(lambda: swept(address) == wanted, 15, "finished", every=0.5)
             assert swept(address) == wanted
+
+
+def test_an_import_chunk_cut_after_its_insert_is_stored_once_by_its_retry(tmp_path: Path) -> None:
+    """A batch that stands alone has no copy in ingest_pending: serve dies after its events went in
+    (before the ledger), or after the ledger (before the answer); the writer's retry, to the restarted
+    serve, stores it once all the same (the insert's token is the batch's own)."""
+    from ingest.group import ALONE_ROWS
+
+    def cut_at(point: str) -> tuple[dict[str, int], dict[str, int]]:
+        home, listen = tmp_path / point.replace(":", "-"), closed_port()
+        chunk = Sent(f"chunk-{point}", encode_request(kernels(f"chunk-{point}", ALONE_ROWS).build()), 0, ALONE_ROWS)
+        with writer(listen) as sender:
+            with serve(home=home, listen=listen, env={CRASH_AT: point}) as (process, _, lines):
+                lanes = sender.lanes([lambda: sender.deliver(chunk)])
+                assert process.wait(timeout=60) == -signal.SIGKILL, f"serve died at {point}:\n" + "".join(lines)
+            with serve(home=home, listen=listen) as (_, address, _):
+                join(lanes)
+                assert list(sender.acknowledged) == [chunk.batch_id], sender.refused
+                return swept(address), {**expected([chunk]), "unfinished": 0}
+
+    for point in ("table:events", "ledger"):
+        found, wanted = cut_at(point)
+        assert found == wanted, point

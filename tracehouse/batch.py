@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf.message import Message
 
+from tracehouse import packed
 from tracehouse.model import NO_GPU, NO_STREAM
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
@@ -117,14 +118,14 @@ class BatchBuilder:
         if values.size != rows:
             raise ValueError(f"samples.value: {values.size} values for {rows} timestamps")
         columns = self._batch.samples
-        _fill_optional(columns.gpu, len(columns.ts), rows, gpu, NO_GPU)
-        _fill_optional(columns.pid, len(columns.ts), rows, pid, 0)
-        columns.ts.extend(times.tolist())
-        columns.value.extend(values.tolist())
+        _fill_optional(columns, "gpu", len(columns.ts), rows, gpu, NO_GPU)
+        _fill_optional(columns, "pid", len(columns.ts), rows, pid, 0)
+        packed.extend(columns, "ts", times)
+        packed.extend(columns, "value", values)
         if isinstance(metric, pa.Array | pa.ChunkedArray):
-            columns.metric.extend(self._dictionary.codes_of(metric).tolist())
+            packed.extend(columns, "metric", self._dictionary.codes_of(metric))
         else:
-            columns.metric.extend(self._dictionary.codes(metric, rows))
+            packed.extend(columns, "metric", np.array(self._dictionary.codes(metric, rows), np.uint32))
         return self
 
     def add_events(
@@ -148,11 +149,11 @@ class BatchBuilder:
         columns = self._batch.events
         first_row = len(columns.start)
         for column, default in EVENT_OPTIONAL_COLUMNS.items():
-            _fill_optional(getattr(columns, column), first_row, rows, optional.get(column), default)
-        columns.start.extend(starts.tolist())
-        columns.end.extend(ends.tolist())
-        columns.kind.extend(self._dictionary.codes(kind, rows))
-        columns.name.extend(self._dictionary.codes(name, rows))
+            _fill_optional(columns, column, first_row, rows, optional.get(column), default)
+        packed.extend(columns, "start", starts)
+        packed.extend(columns, "end", ends)
+        packed.extend(columns, "kind", np.array(self._dictionary.codes(kind, rows), np.uint32))
+        packed.extend(columns, "name", np.array(self._dictionary.codes(name, rows), np.uint32))
         if extras is not None:
             if len(extras) != rows:
                 raise ValueError(f"events.extras: {len(extras)} maps for {rows} rows")
@@ -172,14 +173,13 @@ class BatchBuilder:
         names = set(table.column_names)
         for column, default in EVENT_OPTIONAL_COLUMNS.items():
             values = table.column(column).to_numpy() if column in names else None
-            target = getattr(columns, column)
-            if values is not None and not len(target) and (values == default).all():
+            if values is not None and not len(getattr(columns, column)) and (values == default).all():
                 values = None  # every row so far has the default: the column stays empty
-            _fill_optional(target, first_row, rows, values, default)
-        columns.start.extend(as_ns(table.column("start").to_numpy(), "events.start").tolist())
-        columns.end.extend(as_ns(table.column("end").to_numpy(), "events.end").tolist())
-        columns.kind.extend(self._dictionary.codes_of(table.column("kind")).tolist())
-        columns.name.extend(self._dictionary.codes_of(table.column("name")).tolist())
+            _fill_optional(columns, column, first_row, rows, values, default)
+        packed.extend(columns, "start", as_ns(table.column("start").to_numpy(), "events.start"))
+        packed.extend(columns, "end", as_ns(table.column("end").to_numpy(), "events.end"))
+        packed.extend(columns, "kind", self._dictionary.codes_of(table.column("kind")))
+        packed.extend(columns, "name", self._dictionary.codes_of(table.column("name")))
         for column in table.column_names:
             if not column.startswith("x:"):
                 continue
@@ -190,9 +190,9 @@ class BatchBuilder:
                 present = np.flatnonzero(pc.not_equal(values, "").to_numpy(zero_copy_only=False))
             if present.size:
                 key = self._dictionary.code(column[2:])
-                columns.extra_row.extend((present + first_row).tolist())
-                columns.extra_key.extend([key] * present.size)
-                columns.extra_value.extend(self._dictionary.codes_of(values.take(present)).tolist())
+                packed.extend(columns, "extra_row", present + first_row)
+                packed.extend(columns, "extra_key", np.full(present.size, key, np.uint32))
+                packed.extend(columns, "extra_value", self._dictionary.codes_of(values.take(present)))
         return self
 
     def add_run(
@@ -237,13 +237,16 @@ class BatchBuilder:
         return self._batch
 
 
-def _fill_optional(target: Any, rows_before: int, rows: int, values: int | ArrayLike | None, default: int) -> None:
+def _fill_optional(
+    columns: Message, column: str, rows_before: int, rows: int, values: int | ArrayLike | None, default: int
+) -> None:
     """Append `rows` values to an optional column, keeping it empty while no row has one
     and back-filling the default once one does."""
+    held = len(getattr(columns, column))
     if values is None:
-        if len(target):
-            target.extend([default] * rows)
+        if held:
+            packed.extend(columns, column, np.full(rows, default))
         return
-    if len(target) < rows_before:
-        target.extend([default] * (rows_before - len(target)))
-    target.extend(np.broadcast_to(np.asarray(values), (rows,)).tolist())
+    if held < rows_before:
+        packed.extend(columns, column, np.full(rows_before - held, default))
+    packed.extend(columns, column, np.broadcast_to(np.asarray(values), (rows,)))

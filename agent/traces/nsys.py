@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import adbc_driver_manager as adbc
 import adbc_driver_sqlite
-import adbc_driver_sqlite.dbapi as adbc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,7 +73,8 @@ class Export:
             with self._refusing():
                 self._check_integrity()
                 self.inspection = self._inspect()
-                self._connection = adbc.connect(f"file:{path}?mode=ro")
+                self._database = adbc_driver_sqlite.connect(f"file:{path}?mode=ro")
+                self._connection = adbc.AdbcConnection(self._database)
                 self.strings = self._strings()
                 self._stripped: pa.Array | None = None
                 self.session = self._session()
@@ -105,10 +106,10 @@ class Export:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._sqlite.close()
-        connection = getattr(self, "_connection", None)
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()
+        for handle in (getattr(self, "_connection", None), getattr(self, "_database", None)):
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    handle.close()
 
     # -- checks -----------------------------------------------------------------------
 
@@ -158,10 +159,10 @@ class Export:
         if sql is None or not gpu_work:
             return
         try:
-            with self._connection.cursor() as cursor:
-                cursor.execute("PRAGMA temp_store = FILE")
-                for statement in sql.split(";"):
-                    cursor.execute(statement)
+            for statement in ("PRAGMA temp_store = FILE", *sql.split(";")):
+                with adbc.AdbcStatement(self._connection) as handle:
+                    handle.set_sql_query(statement)
+                    handle.execute_update()
         except adbc.Error as error:
             raise NsysError(f"{self.path.name}: cannot read CUPTI_ACTIVITY_KIND_RUNTIME: {_one_line(error)}") from None
         self.inspection.api_link = True
@@ -416,14 +417,14 @@ WHERE g.timestamp IS NOT NULL AND g.value IS NOT NULL AND g.typeId IS NOT NULL A
 
     def _read(self, sql: str, table: str) -> Iterator[pa.RecordBatch]:
         try:
-            with self._connection.cursor() as cursor:
-                cursor.adbc_statement.set_options(
-                    **{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: str(CHUNK_ROWS)}
-                )
-                cursor.execute(sql)
-                for batch in cursor.fetch_record_batch():
-                    if batch.num_rows:
-                        yield batch
+            with adbc.AdbcStatement(self._connection) as statement:
+                statement.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: str(CHUNK_ROWS)})
+                statement.set_sql_query(sql)
+                stream, _ = statement.execute_query()
+                with pa.RecordBatchReader._import_from_c(stream.address) as reader:
+                    for batch in reader:
+                        if batch.num_rows:
+                            yield batch
         except (adbc.Error, OSError, pa.ArrowException) as error:  # a file changed since it was checked
             raise NsysError(f"{self.path.name}: cannot read {table}: {_one_line(error)}") from None
 

@@ -63,6 +63,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         "sqlite3_scan_rows": scanned,
         "sqlite3_scan_rows_per_s": round(scan_rate),
         "ratio": round(import_rate / scan_rate, 3),
+        **_cpu(result, imported),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
         "goal": {
             "ratio": GOAL_IMPORT_RATIO,
@@ -74,11 +75,17 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
 
 def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, list[int]]:
     """`tracehouse import` of `path` into a `tracehouse serve` on a store in `folder`, each its own
-    process: the importer's JSON line, the events stored, and the importer's sampled memory."""
+    process: the importer's JSON line (with the CPU seconds of both processes while it ran, all
+    threads: `importer_cpu_s`, `server_cpu_s`), the events stored, and the importer's sampled memory."""
+    import resource
     import subprocess
     import sys
 
-    with serving(folder) as (address, _):
+    import psutil
+
+    with serving(folder) as (address, server):
+        server_before = sum(psutil.Process(server.pid).cpu_times()[:2])
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # serve is not counted until reaped
         importer = subprocess.Popen(
             with_parent([sys.executable, "-m", "tracehouse.cli.main", "import", "--server", address, str(path)]),
             env=_child_environment(folder), stdout=subprocess.PIPE, text=True,
@@ -88,12 +95,28 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
         output = importer.stdout.read()
         if importer.wait() != 0:
             raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+        result["server_cpu_s"] = sum(psutil.Process(server.pid).cpu_times()[:2]) - server_before
+        result["importer_cpu_s"] = (children.ru_utime + children.ru_stime) - (
+            children_before.ru_utime + children_before.ru_stime
+        )
         from query.client import Client
 
         with Client(address) as client:
             stored = int(client.sql("SELECT count() AS n FROM events WHERE kind NOT IN ('process', 'thread')")["n"][0])
     return result, stored, peak_rss
+
+
+def _cpu(result: dict[str, Any], events: int) -> dict[str, float]:
+    """CPU seconds of the importer and of the server while it ran, and µs of both per event: what the
+    machine's load moves less than the elapsed time."""
+    importer, server = result["importer_cpu_s"], result["server_cpu_s"]
+    return {
+        "importer_cpu_s": round(importer, 2),
+        "server_cpu_s": round(server, 2),
+        "cpu_us_per_event": round((importer + server) * 1e6 / max(events, 1), 2),
+    }
 
 
 def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
@@ -135,6 +158,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
         "json_load_seconds": round(load_seconds, 2),
         "json_load_events_per_s": round(load_rate),
         "ratio": round(import_rate / load_rate, 3),
+        **_cpu(result, in_file),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
         "goal": {
             "ratio": GOAL_KINETO_RATIO,
