@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.commitpolicy import DEFAULT_MAX_ROWS
 from ingest.validate import ValidatedBatch
 
 TABLES = ("samples", "events", "runs", "devices")
@@ -73,11 +74,11 @@ def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
 def stands_alone(batch: ValidatedBatch) -> bool:
     """Whether `batch` is stored as a group of its own, without a copy in ingest_pending: at least
     ALONE_ROWS events, nothing else (no rollups follow), all in one month (the events table's
-    partition), so that its insert makes one part."""
+    partition) and one block of the engine's, so that its insert makes one part."""
     events = batch.events
     if (
         events is None
-        or events.num_rows < ALONE_ROWS
+        or not ALONE_ROWS <= events.num_rows <= DEFAULT_MAX_ROWS
         or any(table is not None for table in (batch.samples, batch.runs, batch.devices))
     ):
         return False

@@ -386,3 +386,23 @@ def test_an_import_chunk_is_a_group_of_its_own_with_no_copy_in_pending(store: St
     pending = store.query("SELECT batch_ids FROM {db}.ingest_pending WHERE done = 0 ORDER BY received, commit")
     assert sorted(map(tuple, pending.column("batch_ids").to_pylist())) == [("small-0",), ("small-1",), ("two-months",)]
     assert counts(store)["events"] == 2 * ALONE_ROWS
+
+
+def test_what_stands_alone_is_many_events_and_nothing_else_in_one_part() -> None:
+    """Events only, from ALONE_ROWS to one engine block's rows, of one month: one insert, one part."""
+    import pyarrow as pa
+
+    from ingest.commitpolicy import DEFAULT_MAX_ROWS
+    from ingest.group import ALONE_ROWS, stands_alone
+
+    def batch(rows: int, span_ns: int = S, samples: bool = False) -> ValidatedBatch:
+        starts = pa.array(T0 + np.arange(rows, dtype=np.int64) * (span_ns // rows), pa.timestamp("ns", tz="UTC"))
+        extra = pa.table({"ts": starts[:1]}) if samples else None
+        return ValidatedBatch("b", "d", samples=extra, events=pa.table({"start": starts}), runs=None, devices=None)
+
+    assert stands_alone(batch(ALONE_ROWS))
+    assert stands_alone(batch(DEFAULT_MAX_ROWS))
+    assert not stands_alone(batch(ALONE_ROWS - 1)), "a fleet's batch: grouped"
+    assert not stands_alone(batch(DEFAULT_MAX_ROWS + 1)), "more than one block of the engine's"
+    assert not stands_alone(batch(ALONE_ROWS, span_ns=40 * 86_400 * S)), "two months: two parts"
+    assert not stands_alone(batch(ALONE_ROWS, samples=True)), "samples and their rollups: several inserts"
