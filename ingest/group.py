@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -91,16 +91,7 @@ def lone_group(batch: ValidatedBatch, received_ns: int) -> Group:
     """A batch that stands alone as its group, numbered by its id and content: sent again, it is
     stored under the same insert token, which the engine drops if the first insert landed."""
     digest = hashlib.sha256(f"{batch.batch_id}\n{batch.digest}".encode()).digest()
-    assert batch.events is not None
-    return Group(
-        commit=int.from_bytes(digest[:8], "big") >> 1,
-        received_ns=received_ns,
-        batch_ids=(batch.batch_id,),
-        digests=(batch.digest,),
-        rows=(batch.rows(),),
-        tables={"events": batch.events},
-        alone=True,
-    )
+    return replace(new_group([batch], received_ns), commit=int.from_bytes(digest[:8], "big") >> 1, alone=True)
 
 
 def encode_tables(tables: Mapping[str, pa.Table]) -> dict[str, bytes]:

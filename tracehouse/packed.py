@@ -28,9 +28,7 @@ def extend(message: Message, field: str, values: npt.ArrayLike) -> None:
     """Append `values` to the packed repeated numeric field `field` of `message`, as
     `getattr(message, field).extend(values)` would, refusing values the field cannot hold."""
     descriptor = message.DESCRIPTOR.fields_by_name[field]
-    array = np.asarray(values)
-    if array.ndim != 1:
-        array = np.broadcast_to(array, (array.size,)) if array.ndim == 0 else array.ravel()
+    array = np.ravel(values)
     if not array.size:
         message.MergeFromString(b"")  # present, as after extend([])
         return
@@ -40,7 +38,8 @@ def extend(message: Message, field: str, values: npt.ArrayLike) -> None:
         payload = _varints(_unsigned(array, field, descriptor.type))
     else:
         raise TypeError(f"{field}: {descriptor.type} is not a packed numeric field this encoder writes")
-    message.MergeFromString(_key(descriptor.number) + _varint(len(payload)) + payload)
+    key = descriptor.number << 3 | 2  # wire type 2: length-delimited, as packed fields are
+    message.MergeFromString(_varints(np.array([key, len(payload)], np.uint64)) + payload)
 
 
 def _fixed(array: npt.NDArray[Any], field: str, dtype: str) -> bytes:
@@ -98,16 +97,3 @@ def _varints(values: npt.NDArray[np.uint64]) -> bytes:
     if sizes[0] == width and (sizes == width).all():
         return rows.tobytes()
     return rows[np.arange(width) < sizes[:, None]].tobytes()
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _key(number: int) -> bytes:
-    return _varint(number << 3 | 2)  # wire type 2: length-delimited, as packed fields are
