@@ -503,6 +503,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         "traced runs' busy islands per GPU, their gaps longest first and their phases kept",
         (KEPT_GPUS, KEPT_GAPS, KEPT_ANSWERS),
     ),
+    Migration(
+        13,
+        "rollups merged in wider, fewer merges",
+        (
+            # each group commit inserts a part into each rollup: merged 5 at a time, their merges took as
+            # much CPU as the samples' did, for a tenth of the rows (tracehouse bench load --writers)
+            *(Alter(name, "MODIFY SETTING merge_selector_base = 20") for name in ROLLUP_SECONDS),
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -36,6 +36,11 @@ def test_migrations_apply_once_and_rerun_safely(tmp_path: Path) -> None:
         assert applied == list(range(1, LATEST_VERSION + 1))
         tables = set(first.query("SELECT name FROM system.tables WHERE database = 'tracehouse'")["name"].to_pylist())
         assert {"runs", "devices", "samples", "events", "ingest_batches", "schema_migrations"} <= tables
+        wide = first.query(
+            "SELECT name FROM system.tables WHERE database = 'tracehouse' "
+            "AND match(create_table_query, 'merge_selector_base = 20([^0-9]|$)') ORDER BY name"
+        )["name"].to_pylist()
+        assert wide == ["samples", "samples_10s", "samples_1m"]  # what a fleet inserts a part of every group
         with first._client() as raw:
             raw.command("INSERT INTO tracehouse.schema_migrations (version, name) VALUES (999, 'from the future')")
     finally:
