@@ -9,7 +9,7 @@ import pytest
 
 from tracehouse import packed
 from tracehouse.batch import BatchBuilder, encode_request
-from tracehouse.v1 import batch_pb2
+from tracehouse.v1 import batch_pb2, ingest_pb2
 
 EDGES = {  # field -> values at the edges of what each varint width and type holds
     "kind": [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**32 - 1],
@@ -99,3 +99,24 @@ def test_a_batch_built_from_arrow_encodes_as_one_filled_value_by_value() -> None
     expected.samples.value.extend([0.5, 1.0])
     expected.samples.gpu.extend([-1, 3])
     assert encode_request(built.build()) == encode_request(expected)
+
+
+def test_a_request_is_its_batch_framed_as_protobuf_frames_it() -> None:
+    """encode_request frames the batch's bytes instead of copying it into a WriteRequest: the same
+    bytes, maps in their fixed order included, so digests and the ledger are unchanged."""
+    built = BatchBuilder("b/2", run_id="r", host="h").add_run("r", name="run", host="h", start=5)
+    built.add_device("h", 0, name="GPU", attrs={"z": "1", "a": "2", "m": "3"})
+    built.add_samples("gpu.util", np.arange(300), np.linspace(0, 1, 300), gpu=np.zeros(300, np.int16))
+    for batch in (built.build(), batch_pb2.Batch(), batch_pb2.Batch(batch_id="x" * 200)):
+        assert encode_request(batch) == ingest_pb2.WriteRequest(batch=batch).SerializeToString(deterministic=True)
+
+
+def test_strings_of_a_dictionary_array_are_coded_in_the_order_of_its_dictionary() -> None:
+    """Codes of a slice of a dictionary array whose dictionary holds strings no row uses: only the
+    strings used enter the batch, in the order of the dictionary, as before."""
+    dictionary = pa.array(["unused", "relu", "gemm", "also unused", "copy"])
+    array = pa.DictionaryArray.from_arrays(pa.array([4, 0, 2, 1, 2, 4, 3], pa.int32()), dictionary).slice(2, 4)
+    table = pa.table({"kind": pa.array(["kernel"] * 4), "start": [1, 2, 3, 4], "end": [1, 2, 3, 4], "name": array})
+    batch = BatchBuilder("b/3").add_event_table(table).build()
+    assert list(batch.dictionary) == ["kernel", "relu", "gemm", "copy"]
+    assert [batch.dictionary[code] for code in batch.events.name] == ["gemm", "relu", "gemm", "copy"]

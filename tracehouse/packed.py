@@ -38,8 +38,13 @@ def extend(message: Message, field: str, values: npt.ArrayLike) -> None:
         payload = _varints(_unsigned(array, field, descriptor.type))
     else:
         raise TypeError(f"{field}: {descriptor.type} is not a packed numeric field this encoder writes")
-    key = descriptor.number << 3 | 2  # wire type 2: length-delimited, as packed fields are
-    message.MergeFromString(_varints(np.array([key, len(payload)], np.uint64)) + payload)
+    message.MergeFromString(length_delimited(descriptor.number, payload))
+
+
+def length_delimited(number: int, body: bytes) -> bytes:
+    """Field `number` holding `body` (a packed field's values, or a message's bytes), as protobuf
+    writes it: its key (wire type 2), its length, then `body`."""
+    return _varints(np.array([number << 3 | 2, len(body)], np.uint64)) + body
 
 
 def _fixed(array: npt.NDArray[Any], field: str, dtype: str) -> bytes:
