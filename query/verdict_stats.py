@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 LEVEL = 0.95
 POWER = 0.8
@@ -118,7 +117,7 @@ def relative_difference(
         df = float(len(a.units) + len(b.units) - 2)
     else:
         df = (va + vb) ** 2 / (va**2 / (len(a.units) - 1) + vb**2 / (len(b.units) - 1))
-    t = float(stats.t.ppf(0.5 + LEVEL / 2, df))
+    t = _t_quantile(df)
     low, high = math.expm1(log_ratio - t * se), math.expm1(log_ratio + t * se)
     change = math.expm1(log_ratio)
     if low > 0 or high < 0:
@@ -133,7 +132,7 @@ def _more_runs(a: Group, b: Group, se: float, seen: float, min_effect: float) ->
     """More runs per group for a two-sided LEVEL test to find a change of size max(min_effect,
     seen) with POWER, the standard error shrinking as 1/sqrt(runs) (normal approximation)."""
     target = max(math.log1p(min_effect), seen)
-    z = float(stats.norm.ppf(0.5 + LEVEL / 2) + stats.norm.ppf(POWER))
+    z = _normal_quantile(0.5 + LEVEL / 2) + _normal_quantile(POWER)
     runs = max(a.runs, b.runs, 1)
     needed = math.ceil(runs * (z * se / target) ** 2)
     return max(1, needed - min(a.runs, b.runs))
@@ -148,8 +147,21 @@ def absolute_difference(a: Group, b: Group) -> tuple[float, float | None, float 
     if va + vb == 0:
         return diff, diff, diff
     df = (va + vb) ** 2 / (va**2 / (len(a.units) - 1) + vb**2 / (len(b.units) - 1))
-    half = float(stats.t.ppf(0.5 + LEVEL / 2, df)) * math.sqrt(va + vb)
+    half = _t_quantile(df) * math.sqrt(va + vb)
     return diff, diff - half, diff + half
+
+
+def _t_quantile(df: float) -> float:
+    """Student's t at the two-sided LEVEL, for `df` degrees of freedom."""
+    from scipy import stats  # 0.8 s to import: paid by the first verdict, not by every `serve` start
+
+    return float(stats.t.ppf(0.5 + LEVEL / 2, df))
+
+
+def _normal_quantile(p: float) -> float:
+    from scipy import stats
+
+    return float(stats.norm.ppf(p))
 
 
 def group_of(per_run: Sequence[np.ndarray], weights: Sequence[np.ndarray] | None = None) -> Group:
