@@ -163,6 +163,9 @@ def test_bench_load_writers_stores_every_value_once_and_reports_its_figures() ->
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert result["inserts"]["samples"] >= 1 and result["parts_per_s"]["samples"] > 0
     assert result["server_cpu_us_per_value"] > 0 and result["server_peak_rss_mb"] > 0
+    by_thread = result["server_cpu_us_per_value_by_thread"]  # live threads only: at most the process's
+    assert set(by_thread) <= {"python", "grpc", "engine_merges", "engine_other"} and by_thread["python"] > 0
+    assert sum(by_thread.values()) <= result["server_cpu_us_per_value"] * 1.05 + 1
     assert result["baseline"]["values_per_s"] > 0
     goal = result["goal"]
     assert set(goal) == {"accepted_values_per_s", "server_cpu_us_per_value", "parts_per_s_per_table", "ack_p99_ms",

@@ -3,8 +3,8 @@ against what the fleet sent and what the server acknowledged; and the issue's fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ class Server:
     generator_cpu_seconds: float  # this process's, over the same window
     peak_rss_mb: float
     kills: int
+    cpu_by_thread: Mapping[str, float] = field(default_factory=dict)  # serve's, by what its threads do
 
 
 def read_store(folder: str, batches: FleetBatches, base_ns: int) -> Stored:
@@ -106,6 +107,9 @@ def fleet_report(
         "delivery_delay_ms": _spread(delayed),
         "server_cpu_seconds": round(server.cpu_seconds, 1),
         "server_cpu_us_per_value": measured["server_cpu_us_per_value"],
+        "server_cpu_us_per_value_by_thread": {
+            kind: round(cpu * 1e6 / in_window, 2) for kind, cpu in sorted(server.cpu_by_thread.items()) if in_window
+        },
         "generator_cpu_seconds": round(server.generator_cpu_seconds, 1),
         "inserts": stored.inserts,
         "parts_per_s": {table: round(n / run.finished_s, 2) for table, n in stored.inserts.items()},

@@ -6,6 +6,7 @@ and replayed over many channels (tracehouse/bench/payloads.py, fleet.py), at the
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import tempfile
 import threading
@@ -24,6 +25,32 @@ from tracehouse.bench.common import _listening, _stamp, serving, start_serve
 from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
 from tracehouse.bench.payloads import MS, FleetBatches
+
+
+def _thread_cpu(pid: int) -> collections.Counter[str]:
+    """CPU time so far (clock ticks) of each live thread of `pid`, summed by what it does, told by the name it has
+    now: Python's threads keep the process's name; gRPC's, the engine's merges and its other threads
+    (inserts, queries, schedulers) have their own. Empty once the process is gone."""
+    by_kind: collections.Counter[str] = collections.Counter()
+    try:
+        python = Path(f"/proc/{pid}/comm").read_text().strip()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return by_kind
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        kind = {python: "python", "event_engine": "grpc"}.get(name) or (
+            "engine_merges" if name.startswith("MergeMutate") else "engine_other"
+        )
+        by_kind[kind] += int(fields[11]) + int(fields[12])  # utime, stime
+    return by_kind
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def _proc_status_mb(pid: int, field: str) -> float | None:
@@ -159,8 +186,8 @@ def bench_fleet(
             options["--ack-within-ms"] = ack_within_ms
         serve = _Serve(folder, tuple(text for pair in options.items() for text in map(str, pair)))
         try:
-            cpu: list[tuple[float, float]] = []  # (serve's, this process's) at the start and at `seconds`
-            mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time()))  # noqa: E731
+            cpu: list[tuple[float, float, collections.Counter[str]]] = []  # serve's, this process's, serve's by thread
+            mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time(), serve.thread_cpu()))  # noqa: E731
             hooks = [(0.0, mark), (seconds, mark)]
             if kill_at is not None:
                 hooks += [(kill_at, serve.kill), (kill_at + restart_after, serve.restart)]
@@ -170,8 +197,9 @@ def bench_fleet(
         finally:
             serve.stop()
         stored = read_store(folder, batches, base_ns)
-    (serve_start, generator_start), (serve_end, generator_end) = cpu
-    server = Server(serve_end - serve_start, generator_end - generator_start, serve.peak_mb, serve.kills)
+    (serve_start, generator_start, threads_start), (serve_end, generator_end, threads_end) = cpu
+    threads = {kind: (ticks - threads_start[kind]) / _TICKS_PER_S for kind, ticks in threads_end.items()}
+    server = Server(serve_end - serve_start, generator_end - generator_start, serve.peak_mb, serve.kills, threads)
     figures = fleet_report(batches, run, seconds, kill_at, server, stored)
     # how many times the offered rate this generator reaches alone: well above 1, it is not what limits
     ceiling["headroom"] = round(ceiling["values_per_s"] / figures["offered_values_per_s"], 1)
@@ -202,6 +230,7 @@ class _Serve:
             probe.bind(("127.0.0.1", 0))
             self.address = f"127.0.0.1:{probe.getsockname()[1]}"
         self.banked_cpu, self.peak_mb, self.kills = 0.0, 0.0, 0
+        self.banked_threads: collections.Counter[str] = collections.Counter()
         self.errors: collections.deque[str] = collections.deque(maxlen=20)
         self.process = start_serve(folder, self.address, *self.options)
         _listening(self.process)
@@ -214,8 +243,13 @@ class _Serve:
         except psutil.Error:
             return self.banked_cpu
 
+    def thread_cpu(self) -> collections.Counter[str]:
+        """serve's CPU clock ticks by what its threads do (those of a killed serve included)."""
+        return self.banked_threads + _thread_cpu(self.process.pid)
+
     def _bank(self) -> None:
         self.peak_mb = max(self.peak_mb, _proc_status_mb(self.process.pid, "VmHWM") or 0.0)
+        self.banked_threads = self.thread_cpu()
         self.banked_cpu = self.cpu_seconds()
 
     def kill(self) -> None:
