@@ -111,10 +111,11 @@ def test_a_request_is_its_batch_framed_as_protobuf_frames_it() -> None:
         assert encode_request(batch) == ingest_pb2.WriteRequest(batch=batch).SerializeToString(deterministic=True)
 
 
-def test_strings_of_a_dictionary_array_are_coded_in_the_order_of_its_dictionary() -> None:
+@pytest.mark.parametrize("unused", [0, 1000])  # a dictionary about the rows' size, and one far larger
+def test_strings_of_a_dictionary_array_are_coded_in_the_order_of_its_dictionary(unused: int) -> None:
     """Codes of a slice of a dictionary array whose dictionary holds strings no row uses: only the
     strings used enter the batch, in the order of the dictionary, as before."""
-    dictionary = pa.array(["unused", "relu", "gemm", "also unused", "copy"])
+    dictionary = pa.array(["unused", "relu", "gemm", "also unused", "copy", *(f"more {i}" for i in range(unused))])
     array = pa.DictionaryArray.from_arrays(pa.array([4, 0, 2, 1, 2, 4, 3], pa.int32()), dictionary).slice(2, 4)
     table = pa.table({"kind": pa.array(["kernel"] * 4), "start": [1, 2, 3, 4], "end": [1, 2, 3, 4], "name": array})
     batch = BatchBuilder("b/3").add_event_table(table).build()
