@@ -107,9 +107,11 @@ def fleet_report(
         "delivery_delay_ms": _spread(delayed),
         "server_cpu_seconds": round(server.cpu_seconds, 1),
         "server_cpu_us_per_value": measured["server_cpu_us_per_value"],
-        "server_cpu_us_per_value_by_thread": {
-            kind: round(cpu * 1e6 / in_window, 2) for kind, cpu in sorted(server.cpu_by_thread.items()) if in_window
-        },
+        "server_cpu_us_per_value_by_thread": (
+            {kind: round(cpu * 1e6 / in_window, 2) for kind, cpu in sorted(server.cpu_by_thread.items())}
+            if in_window
+            else {}
+        ),
         "generator_cpu_seconds": round(server.generator_cpu_seconds, 1),
         "inserts": stored.inserts,
         "parts_per_s": {table: round(n / run.finished_s, 2) for table, n in stored.inserts.items()},

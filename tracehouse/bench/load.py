@@ -26,6 +26,8 @@ from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
 from tracehouse.bench.payloads import MS, FleetBatches
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
 
 def _thread_cpu(pid: int) -> collections.Counter[str]:
     """CPU time so far (clock ticks) of each live thread of `pid`, summed by what it does, told by the name it has
@@ -48,9 +50,6 @@ def _thread_cpu(pid: int) -> collections.Counter[str]:
         )
         by_kind[kind] += int(fields[11]) + int(fields[12])  # utime, stime
     return by_kind
-
-
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def _proc_status_mb(pid: int, field: str) -> float | None:
