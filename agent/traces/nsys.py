@@ -21,6 +21,7 @@ import hashlib
 import re
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +71,22 @@ class Export:
         self._sqlite = self._connect()
         self.replaced_utf8 = False  # some string was not valid UTF-8: replaced with U+FFFD
         try:
-            with self._refusing():
-                self._check_integrity()
-                self.inspection = self._inspect()
-                self._database = adbc_driver_sqlite.connect(f"file:{path}?mode=ro")
-                self._connection = adbc.AdbcConnection(self._database)
-                self.strings = self._strings()
-                self._stripped: pa.Array | None = None
-                self.session = self._session()
-                self._link_api_calls()
+            # SQLite reads without the GIL: the integrity check, and the copy of the API calls that GPU work
+            # is joined to, run beside the rest. What fails is told in the order the steps come in: a
+            # corrupt file is refused as corrupt, whatever else failed on it.
+            with self._refusing(), ThreadPoolExecutor(2, thread_name_prefix="nsys-open") as beside:
+                integrity = beside.submit(self._check_integrity)
+                try:
+                    self.inspection = self._inspect()
+                    self._database = adbc_driver_sqlite.connect(f"file:{path}?mode=ro")
+                    self._connection = adbc.AdbcConnection(self._database)
+                    linked = beside.submit(self._link_api_calls)
+                    self.strings = self._strings()
+                    self._stripped: pa.Array | None = None
+                    self.session = self._session()
+                    linked.result()
+                finally:
+                    integrity.result()
         except BaseException:
             self.close()
             raise
@@ -115,7 +123,8 @@ class Export:
 
     def _check_integrity(self) -> None:
         try:
-            problems = [row[0] for row in self._sqlite.execute("PRAGMA quick_check(3)")]
+            with contextlib.closing(self._connect()) as connection:
+                problems = [row[0] for row in connection.execute("PRAGMA quick_check(3)")]
         except sqlite3.DatabaseError as error:
             raise NsysError(f"{self.path.name}: corrupt or truncated SQLite file ({_one_line(error)})") from None
         if problems != ["ok"]:
@@ -136,7 +145,8 @@ class Export:
         in Arrow, not joined row by row in SQL. Memory grows with distinct strings only."""
         self._check({"StringIds"}, 0, 0)
         sql = "SELECT id, CAST(value AS TEXT) AS value FROM StringIds ORDER BY id"
-        batches = list(self._read(sql, "StringIds"))
+        with contextlib.closing(adbc.AdbcConnection(self._database)) as own:  # the other is linking API calls
+            batches = list(self._read(sql, "StringIds", own))
         if not batches:
             return pa.array([], pa.string())
         table = pa.Table.from_batches(batches)
@@ -415,9 +425,9 @@ WHERE g.timestamp IS NOT NULL AND g.value IS NOT NULL AND g.typeId IS NOT NULL A
             index = batch.schema.get_field_index("metric")
             yield batch.set_column(index, "metric", self._clean(batch.column(index), MAX_NAME))
 
-    def _read(self, sql: str, table: str) -> Iterator[pa.RecordBatch]:
+    def _read(self, sql: str, table: str, connection: adbc.AdbcConnection | None = None) -> Iterator[pa.RecordBatch]:
         try:
-            with adbc.AdbcStatement(self._connection) as statement:
+            with adbc.AdbcStatement(connection or self._connection) as statement:
                 statement.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: str(CHUNK_ROWS)})
                 statement.set_sql_query(sql)
                 stream, _ = statement.execute_query()

@@ -3,7 +3,8 @@ can hold any SQLite type in any row, so each is checked, one query per table, be
 declared. A file that fails is refused with one line naming the table, the column, the row and why.
 
 The checks run in SQLite (typeof, BETWEEN), each table scanned once, in rowid ranges on as many
-connections as there are cores (SQLite runs without the GIL): nothing else runs while they do. The
+connections as there are cores (SQLite runs without the GIL), beside the file's integrity check and
+the copy of its API calls (agent/traces/nsys.py Export): nothing is read for sending meanwhile. The
 rows are then read through ADBC, which needs one type per column anyway. Strings are not checked
 here: any type reads as text (CAST), invalid UTF-8 is replaced and long strings are cut
 (agent/traces/nsys.py).
