@@ -13,6 +13,7 @@ from decimal import Decimal
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from agent.traces.kineto_blocks import Event
@@ -150,25 +151,44 @@ class Chunk:
         return len(self.rows)
 
     def batch(self) -> pa.RecordBatch:
-        rows = len(self.rows)
-        values = [list(map(itemgetter(column), self.rows)) for column in range(len(ROW_COLUMNS))]
-        launch_start = [-1] * rows
-        kind, name, pid, tid = values[0], values[3], values[6], values[7]
-        for row, (call_pid, call_tid, call_start, call_name) in self.links.items():
-            pid[row], tid[row], launch_start[row] = call_pid, call_tid, call_start
-            if kind[row] == "sync":  # named by its call, as nsys names it
-                name[row] = call_name
-        columns: dict[str, pa.Array] = {
-            column: pa.array(value, _NAMES_OF.get(column, pa.int64()))
-            for column, value in zip(ROW_COLUMNS, values, strict=True)
+        """The rows as Arrow columns, built in numpy: integers by np.fromiter, each extra as codes into
+        its distinct strings (null where a row has none, or an empty one)."""
+        rows, count = self.rows, len(self.rows)
+        columns: dict[str, Any] = {
+            column: list(map(itemgetter(index), rows))
+            if column in _NAMES_OF
+            else np.fromiter(map(itemgetter(index), rows), np.int64, count)
+            for index, column in enumerate(ROW_COLUMNS)
         }
-        columns["launch_start"] = pa.array(launch_start, pa.int64())
+        launch_start = np.full(count, -1, np.int64)
+        if self.links:
+            linked = np.fromiter(self.links, np.intp, len(self.links))
+            calls = list(self.links.values())
+            for column, field_of_call in (("pid", 0), ("tid", 1)):
+                columns[column][linked] = np.fromiter(map(itemgetter(field_of_call), calls), np.int64, len(calls))
+            launch_start[linked] = np.fromiter(map(itemgetter(2), calls), np.int64, len(calls))
+            kind, name = columns["kind"], columns["name"]
+            for row, call in self.links.items():
+                if kind[row] == "sync":  # named by its call, as nsys names it
+                    name[row] = call[3]
+        arrays = {column: pa.array(value, _NAMES_OF.get(column, pa.int64())) for column, value in columns.items()}
+        arrays["launch_start"] = pa.array(launch_start)
         for key, found in sorted(self.extras.items()):
-            texts = [""] * rows
-            for row, value in found.items():
-                texts[row] = value
-            columns[f"x:{key}"] = pa.array(texts, pa.string())
-        return pa.RecordBatch.from_pydict(columns)
+            arrays[f"x:{key}"] = _sparse_strings(found, count)
+        return pa.RecordBatch.from_pydict(arrays)
+
+
+def _sparse_strings(found: Mapping[int, str], count: int) -> pa.DictionaryArray:
+    """`count` rows of which those `found` names hold a string, as a dictionary array: null elsewhere,
+    and where the string is empty."""
+    distinct: dict[str, int] = {}
+    codes = np.full(count, -1, np.int32)
+    codes[np.fromiter(found, np.intp, len(found))] = np.fromiter(
+        (distinct.setdefault(value, len(distinct)) for value in found.values()), np.int32, len(found)
+    )
+    if "" in distinct:
+        codes[codes == distinct[""]] = -1
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(list(distinct), pa.string()))
 
 
 class EventRows:
