@@ -26,6 +26,10 @@ def test_bench_import_runs_and_stores_every_event() -> None:
     assert result["importer_cpu_s"] > 0 and result["server_cpu_s"] > 0
     both = result["importer_cpu_s"] + result["server_cpu_s"]
     assert result["cpu_us_per_event"] == pytest.approx(both * 1e6 / result["events"], rel=0.02)
+    # once the importer is done, the server keeps the run's answers (query/keeper.py), then is idle again
+    after = result["server_cpu_after_import_s"]
+    assert after > 0 and 0 < result["server_idle_after_import_s"] < 120
+    assert result["cpu_us_per_event_until_idle"] == pytest.approx((both + after) * 1e6 / result["events"], rel=0.02)
 
 
 def test_bench_agent_runs_and_stores_every_value() -> None:

@@ -76,7 +76,8 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
 def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, list[int]]:
     """`tracehouse import` of `path` into a `tracehouse serve` on a store in `folder`, each its own
     process: the importer's JSON line (with the CPU seconds of both processes while it ran, all
-    threads: `importer_cpu_s`, `server_cpu_s`), the events stored, and the importer's sampled memory."""
+    threads: `importer_cpu_s`, `server_cpu_s`; the server's after it, until idle: `server_cpu_after_s`,
+    `server_idle_after_s`), the events stored, and the importer's sampled memory."""
     import resource
     import subprocess
     import sys
@@ -97,10 +98,12 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
             raise RuntimeError(f"tracehouse import failed ({importer.returncode})")
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
-        result["server_cpu_s"] = sum(psutil.Process(server.pid).cpu_times()[:2]) - server_before
+        serve = psutil.Process(server.pid)
+        result["server_cpu_s"] = sum(serve.cpu_times()[:2]) - server_before
         result["importer_cpu_s"] = (children.ru_utime + children.ru_stime) - (
             children_before.ru_utime + children_before.ru_stime
         )
+        result["server_cpu_after_s"], result["server_idle_after_s"] = _until_idle(serve)
         from query.client import Client
 
         with Client(address) as client:
@@ -108,14 +111,43 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
     return result, stored, peak_rss
 
 
+IDLE_S = 3.0  # longer than the keeper waits after an import's end (query/keeper.py SOON_S)
+IDLE_CPU_S = 0.1  # of CPU in IDLE_S: the server's own rounds (captures, the store's health) stay below
+MAX_SETTLE_S = 120.0
+
+
+def _until_idle(server: Any) -> tuple[float, float]:
+    """The server's CPU seconds from now until it has been idle for IDLE_S (the keeper making the run's
+    kept answers, the engine merging its parts), and the seconds that took."""
+
+    def cpu() -> float:
+        return float(sum(server.cpu_times()[:2]))
+
+    started, first = time.monotonic(), cpu()
+    seen = [(started, first)]
+    while time.monotonic() - started < MAX_SETTLE_S:
+        time.sleep(0.25)
+        seen.append((time.monotonic(), cpu()))
+        window = [(at, used) for at, used in seen if at >= seen[-1][0] - IDLE_S]
+        if seen[-1][0] - seen[0][0] >= IDLE_S and window[-1][1] - window[0][1] < IDLE_CPU_S:
+            idle_since = window[0][0]
+            return round(window[0][1] - first, 2), round(idle_since - started, 2)
+    return round(cpu() - first, 2), MAX_SETTLE_S
+
+
 def _cpu(result: dict[str, Any], events: int) -> dict[str, float]:
     """CPU seconds of the importer and of the server while it ran, and µs of both per event: what the
-    machine's load moves less than the elapsed time."""
-    importer, server = result["importer_cpu_s"], result["server_cpu_s"]
+    machine's load moves less than the elapsed time. Then the server's CPU once the importer is done,
+    until it is idle again (what keeping the run's answers and merging its parts cost), and µs per event
+    of all three."""
+    importer, server, after = result["importer_cpu_s"], result["server_cpu_s"], result["server_cpu_after_s"]
     return {
         "importer_cpu_s": round(importer, 2),
         "server_cpu_s": round(server, 2),
         "cpu_us_per_event": round((importer + server) * 1e6 / max(events, 1), 2),
+        "server_cpu_after_import_s": round(after, 2),
+        "server_idle_after_import_s": result["server_idle_after_s"],
+        "cpu_us_per_event_until_idle": round((importer + server + after) * 1e6 / max(events, 1), 2),
     }
 
 
