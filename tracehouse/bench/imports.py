@@ -111,14 +111,16 @@ def _import_in_processes(path: Path, folder: str) -> tuple[dict[str, Any], int, 
     return result, stored, peak_rss
 
 
-IDLE_S = 3.0  # longer than the keeper waits after an import's end (query/keeper.py SOON_S)
-IDLE_CPU_S = 0.1  # of CPU in IDLE_S: the server's own rounds (captures, the store's health) stay below
+BUSY_AFTER_S = 4.0  # at least this long: the keeper starts 2 s after an import's end (query/keeper.py SOON_S)
+IDLE_S = 3.0
+IDLE_CPU_S = 0.1  # of CPU in IDLE_S: the server's own rounds (captures, the store's health) take 0.04-0.06
 MAX_SETTLE_S = 120.0
 
 
 def _until_idle(server: Any) -> tuple[float, float]:
-    """The server's CPU seconds from now until it has been idle for IDLE_S (the keeper making the run's
-    kept answers, the engine merging its parts), and the seconds that took."""
+    """The server's CPU seconds from now until it has been idle for IDLE_S, BUSY_AFTER_S from now at the
+    soonest (the keeper making the run's kept answers, the engine merging its parts), and the seconds
+    that took."""
 
     def cpu() -> float:
         return float(sum(server.cpu_times()[:2]))
@@ -129,7 +131,7 @@ def _until_idle(server: Any) -> tuple[float, float]:
         time.sleep(0.25)
         seen.append((time.monotonic(), cpu()))
         window = [(at, used) for at, used in seen if at >= seen[-1][0] - IDLE_S]
-        if seen[-1][0] - seen[0][0] >= IDLE_S and window[-1][1] - window[0][1] < IDLE_CPU_S:
+        if window[0][0] - started >= BUSY_AFTER_S and window[-1][1] - window[0][1] < IDLE_CPU_S:
             idle_since = window[0][0]
             return round(window[0][1] - first, 2), round(idle_since - started, 2)
     return round(cpu() - first, 2), MAX_SETTLE_S
