@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pandas as pd
 import pytest
 
@@ -27,8 +28,8 @@ from agent.training.phases import _Phase
 from ingest.validate import check_id
 from query.client import Client
 from tests.helpers import LateServer, closed_port, request
-from tracehouse.batch import BatchBuilder
-from tracehouse.channel import ClientSecurity
+from tracehouse.batch import BatchBuilder, encode_request
+from tracehouse.channel import ClientSecurity, encoded_write, open_channel
 from tracehouse.cli.main import main
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import ingest_pb2_grpc
@@ -450,6 +451,25 @@ def test_a_server_back_before_the_end_gets_everything(late: LateServer, client: 
     assert not Path(report["spool"]).exists()
     [described] = client.runs(source="user").to_dict("records")
     assert described["run_id"] == run.run_id and described["attrs"]["steps"] == "3"
+
+
+def test_a_channel_of_its_own_is_tried_at_once_where_a_refused_connection_waits_out_its_backoff(
+    late: LateServer, client: Client
+) -> None:
+    """gRPC shares one connection among a process's channels to an address; once refused, it waits out a
+    backoff (a second, growing to two minutes) and a new channel's calls fail at once meanwhile. The end's
+    shipper opens a connection of its own (`fresh`), so a server back just before the end is reached."""
+    batch = BatchBuilder("fresh/00000001", run_id="fresh", host="h")
+    batch.add_samples("gpu.util_pct", [time.time_ns()], [50.0], gpu=0)
+    payload = encode_request(batch.build())
+    refused = open_channel(late.address)
+    with pytest.raises(grpc.RpcError):
+        encoded_write(refused)(payload, timeout=5)
+    late.start()
+    answer = encoded_write(open_channel(late.address, fresh=True))(payload, timeout=5)
+    assert not answer.duplicate
+    assert int(client.sql("SELECT count() AS n FROM samples WHERE host = 'h'")["n"][0]) == 1
+    refused.close()
 
 
 def test_a_server_away_at_the_end_costs_one_failed_send(tmp_path: Path) -> None:

@@ -134,9 +134,13 @@ def encoded_write(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
 
 
 def open_channel(
-    server: str, security: ClientSecurity | None = None, options: Sequence[tuple[str, Any]] = ()
+    server: str, security: ClientSecurity | None = None, options: Sequence[tuple[str, Any]] = (), fresh: bool = False
 ) -> grpc.Channel:
-    """A channel to `server` (host:port, or unix:PATH): TLS when `security` names a CA."""
+    """A channel to `server` (host:port, or unix:PATH): TLS when `security` names a CA. gRPC shares a
+    connection among a process's channels to one address, and one that was refused waits out its backoff
+    (up to two minutes) before it tries again, failing calls at once meanwhile; `fresh`: a connection of
+    this channel's own, tried now."""
+    options = [*options, ("grpc.use_local_subchannel_pool", 1)] if fresh else list(options)
     if security is not None and security.tls:
         return grpc.secure_channel(server, security.credentials(), options=list(options))
     if security is not None and security.token:

@@ -92,6 +92,7 @@ class Shipper:
         call_timeout: float = 10.0,
         max_backoff: float = 30.0,
         on_duplicate: Callable[[str, int], None] | None = None,
+        fresh_connection: bool = False,
     ) -> None:
         self.server = server
         self.spool = spool
@@ -99,7 +100,9 @@ class Shipper:
         self._on_dropped = on_dropped
         self._on_duplicate = on_duplicate or on_stored
         self._metadata = security.metadata() if security else ()
-        self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
+        self._channel = open_channel(
+            server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)], fresh=fresh_connection
+        )
         self._write = encoded_write(self._channel)
         self._queue: collections.deque[EncodedBatch] = collections.deque()
         self._queue_batches = queue_batches

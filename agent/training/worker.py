@@ -220,7 +220,7 @@ class _RunWorker:
 
         retry = Shipper(
             self.server, self.spool, on_stored=self._batch_stored, on_dropped=self._batch_dropped,
-            security=self._security, call_timeout=CALL_TIMEOUT_S,
+            security=self._security, call_timeout=CALL_TIMEOUT_S, fresh_connection=True,
         )  # fmt: skip
         retry.on_write = on_write
         while self.spool.batches and time.monotonic() < deadline and not failed.wait(0.01):
