@@ -462,14 +462,13 @@ def test_a_channel_of_its_own_is_tried_at_once_where_a_refused_connection_waits_
     batch = BatchBuilder("fresh/00000001", run_id="fresh", host="h")
     batch.add_samples("gpu.util_pct", [time.time_ns()], [50.0], gpu=0)
     payload = encode_request(batch.build())
-    refused = open_channel(late.address)
-    with pytest.raises(grpc.RpcError):
-        encoded_write(refused)(payload, timeout=5)
-    late.start()
-    answer = encoded_write(open_channel(late.address, fresh=True))(payload, timeout=5)
-    assert not answer.duplicate
+    with open_channel(late.address) as refused:
+        with pytest.raises(grpc.RpcError):
+            encoded_write(refused)(payload, timeout=5)
+        late.start()
+        with open_channel(late.address, fresh=True) as fresh:
+            assert not encoded_write(fresh)(payload, timeout=5).duplicate
     assert int(client.sql("SELECT count() AS n FROM samples WHERE host = 'h'")["n"][0]) == 1
-    refused.close()
 
 
 def test_a_server_away_at_the_end_costs_one_failed_send(tmp_path: Path) -> None:

@@ -140,12 +140,12 @@ def open_channel(
     connection among a process's channels to one address, and one that was refused waits out its backoff
     (up to two minutes) before it tries again, failing calls at once meanwhile; `fresh`: a connection of
     this channel's own, tried now."""
-    options = [*options, ("grpc.use_local_subchannel_pool", 1)] if fresh else list(options)
+    settings = [*options, *([("grpc.use_local_subchannel_pool", 1)] if fresh else [])]
     if security is not None and security.tls:
-        return grpc.secure_channel(server, security.credentials(), options=list(options))
+        return grpc.secure_channel(server, security.credentials(), options=settings)
     if security is not None and security.token:
         warn_clear_text_token(server)
-    return grpc.insecure_channel(server, options=list(options))
+    return grpc.insecure_channel(server, options=settings)
 
 
 _warned_servers: set[str] = set()
