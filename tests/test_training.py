@@ -4,9 +4,11 @@ the analyses and the timeline's lanes like NVTX ranges."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ from ingest.validate import check_id
 from query.client import Client
 from tests.helpers import LateServer, closed_port, request
 from tracehouse.batch import BatchBuilder, encode_request
-from tracehouse.channel import ClientSecurity, encoded_write, open_channel
+from tracehouse.channel import RECONNECT_MAX_MS, ClientSecurity, encoded_write, open_channel
 from tracehouse.cli.main import main
 from tracehouse.model import DEFAULT_LIMITS
 from tracehouse.v1 import ingest_pb2_grpc
@@ -469,6 +471,39 @@ def test_a_channel_of_its_own_is_tried_at_once_where_a_refused_connection_waits_
         with open_channel(late.address, fresh=True) as fresh:
             assert not encoded_write(fresh)(payload, timeout=5).duplicate
     assert int(client.sql("SELECT count() AS n FROM samples WHERE host = 'h'")["n"][0]) == 1
+
+
+def test_a_server_back_after_long_away_is_reached_within_the_reconnect_bound(late: LateServer) -> None:
+    """Turned away for 8 s, gRPC's own backoff would wait 5 to 8 s more before it tries again (1 s growing
+    1.6 times a try, up to two minutes); a channel tries within RECONNECT_MAX_MS."""
+    host, port = late.address.rsplit(":", 1)
+    tries: list[float] = []
+    with socket.create_server((host, int(port))) as away:  # takes each connection and closes it
+
+        def turn_away() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = away.accept()
+                    tries.append(time.monotonic())
+                    connection.close()
+
+        threading.Thread(target=turn_away, daemon=True).start()
+        channel = open_channel(late.address)
+        ready = grpc.channel_ready_future(channel)  # tries to connect until it is
+        wait_for(lambda: len(tries) >= 1)
+        wait_for(lambda: tries[-1] - tries[0] >= 8)
+        away.shutdown(socket.SHUT_RDWR)  # wakes the accept
+    late.start()
+    back = time.monotonic()
+    try:
+        ready.result(timeout=30)
+        waited = time.monotonic() - back
+    finally:
+        ready.cancel()
+        channel.close()
+    # gRPC's next try after four: 6.5 s, jittered by a fifth; within the bound's 2 s, 2.4 s
+    assert RECONNECT_MAX_MS <= 2000
+    assert len(tries) >= 4 and waited < 4.0, f"{waited:.1f} s after it was back"
 
 
 def test_a_server_away_at_the_end_costs_one_failed_send(tmp_path: Path) -> None:

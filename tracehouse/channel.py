@@ -35,6 +35,9 @@ ACCESS_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PER
 SECURITY_VARIABLES = (config.ENV_TOKEN_FILE, config.ENV_TLS_CA, config.ENV_TLS_CERT, config.ENV_TLS_KEY)
 # how gRPC says that the server's certificate is valid but made for another name
 HOSTNAME_MISMATCH = ("hostname verification", "no match found for server name", "peer name")
+# gRPC waits out a backoff after a failed connection (1 s, growing to 120 s by default), failing calls at
+# once meanwhile: a server back after a few minutes away would wait up to two for its agents.
+RECONNECT_MAX_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,15 @@ def encoded_write(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
 def open_channel(
     server: str, security: ClientSecurity | None = None, options: Sequence[tuple[str, Any]] = (), fresh: bool = False
 ) -> grpc.Channel:
-    """A channel to `server` (host:port, or unix:PATH): TLS when `security` names a CA. gRPC shares a
-    connection among a process's channels to one address, and one that was refused waits out its backoff
-    (up to two minutes) before it tries again, failing calls at once meanwhile; `fresh`: a connection of
-    this channel's own, tried now."""
-    settings = [*options, *([("grpc.use_local_subchannel_pool", 1)] if fresh else [])]
+    """A channel to `server` (host:port, or unix:PATH): TLS when `security` names a CA. A failed
+    connection is tried again within RECONNECT_MAX_MS. gRPC shares a connection among a process's
+    channels to one address, and one that failed waits out its backoff before it tries again, failing
+    calls at once meanwhile; `fresh`: a connection of this channel's own, tried now."""
+    settings = [
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+        *options,
+        *([("grpc.use_local_subchannel_pool", 1)] if fresh else []),
+    ]
     if security is not None and security.tls:
         return grpc.secure_channel(server, security.credentials(), options=settings)
     if security is not None and security.token:
