@@ -478,27 +478,28 @@ def test_a_server_back_after_long_away_is_reached_within_the_reconnect_bound(lat
     1.6 times a try, up to two minutes); a channel tries within RECONNECT_MAX_MS."""
     host, port = late.address.rsplit(":", 1)
     tries: list[float] = []
-    with socket.create_server((host, int(port))) as away:  # takes each connection and closes it
+    away = socket.create_server((host, int(port)))  # takes each connection and closes it
 
-        def turn_away() -> None:
-            with contextlib.suppress(OSError):
-                while True:
-                    connection, _ = away.accept()
-                    tries.append(time.monotonic())
-                    connection.close()
+    def turn_away() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = away.accept()
+                tries.append(time.monotonic())
+                connection.close()
 
-        threading.Thread(target=turn_away, daemon=True).start()
-        channel = open_channel(late.address)
-        ready = grpc.channel_ready_future(channel)  # tries to connect until it is
-        wait_for(lambda: len(tries) >= 1)
-        wait_for(lambda: tries[-1] - tries[0] >= 8)
-        away.shutdown(socket.SHUT_RDWR)  # wakes the accept
-    late.start()
-    back = time.monotonic()
+    threading.Thread(target=turn_away, daemon=True).start()
+    channel = open_channel(late.address)
+    ready = grpc.channel_ready_future(channel)  # tries to connect until it is
     try:
+        with away:
+            wait_for(lambda: len(tries) >= 1)
+            wait_for(lambda: tries[-1] - tries[0] >= 8)
+            away.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        late.start()
+        back = time.monotonic()
         ready.result(timeout=30)
         waited = time.monotonic() - back
-    finally:
+    finally:  # a future left subscribed holds up the channel's close
         ready.cancel()
         channel.close()
     # gRPC's next try after four: 6.5 s, jittered by a fifth; within the bound's 2 s, 2.4 s
