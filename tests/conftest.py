@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +28,18 @@ def limits() -> Limits:
     return DEFAULT_LIMITS
 
 
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded store made and migrated once; each test's store starts as a copy of its folder
+    (migrating a new store takes about half a second; tests of the migrations make their own)."""
+    folder = tmp_path_factory.mktemp("migrated") / "store"
+    Store.open(f"chdb://{folder}", DEFAULT_LIMITS).close()
+    return folder
+
+
 @pytest.fixture
-def store(tmp_path: Path, limits: Limits) -> Iterator[Store]:
+def store(tmp_path: Path, limits: Limits, migrated_store: Path) -> Iterator[Store]:
+    shutil.copytree(migrated_store, tmp_path / "store", symlinks=True)  # the engine's links are relative
     opened = Store.open(f"chdb://{tmp_path / 'store'}", limits)
     yield opened
     opened.close()

@@ -355,7 +355,10 @@ class _Workload:
 
     def gpu_metrics(self) -> Iterator[tuple[object, ...]]:
         first, last = self.steps[0][0], self.steps[-1][1]
+        step = 0  # the steps are in time order and apart: the first that has not ended by ts
         for ts in range(first, last, 100_000):
-            busy = any(s <= ts < e for s, e, *_ in self.steps)
+            while self.steps[step][1] <= ts:
+                step += 1
+            busy = self.steps[step][0] <= ts
             yield (ts, 0x10000, 1, 90 if busy else 5)
             yield (ts, 0x10000, 2, 40 if busy else 1)
