@@ -21,10 +21,14 @@ from agent.shipping.writer import BatchWriter
 from agent.traces.importer import import_export
 from agent.traces.nsys import MEMCPY_KINDS, NsysError
 from agent.traces.nsys_synthetic import PID, SESSION_START_NS, Spec, global_tid, write_export
+from ingest.commitpolicy import CommitPolicy
+from ingest.store import Store
 from query.client import Client, QueryFailed
 from tests.conftest import FIXTURES
 from tests.helpers import import_refused
 from tracehouse.cli.main import main
+from tracehouse.cli.serve import create_server
+from tracehouse.model import Limits
 from tracehouse.v1 import batch_pb2
 
 NSYS = FIXTURES / "nsys"
@@ -304,6 +308,40 @@ def test_an_interrupted_import_is_invisible_and_finished_by_running_it_again(
     result = import_export(path, writer)
     assert stored_events(client, result.run_id) == expected_events(path)
     assert int(client.sql("SELECT count() - uniqExact(id) AS dup FROM events")["dup"][0]) == 0
+
+
+def test_a_small_exports_batches_are_stored_together_between_its_runs_begin_and_end(
+    tmp_path: Path, store: Store, limits: Limits
+) -> None:
+    """Its batches of rows and names go to the server at once, so one commit interval stores them all:
+    three groups in all (the run's begin, its rows, its end), where a writer that kept two calls in
+    flight took a group, and an interval, for every two."""
+    path = tmp_path / "small.sqlite"
+    write_export(path, Spec())
+    server = create_server(store, "127.0.0.1:0", limits, commit=CommitPolicy(interval_s=1.0))
+    sent: list[str] = []
+    try:
+        opened = BatchWriter(f"127.0.0.1:{server.port}", patience=10)
+        try:
+
+            class Counted:
+                def write(self, batch: batch_pb2.Batch) -> None:
+                    sent.append(batch.batch_id)
+                    opened.write(batch)
+
+                def flush(self) -> None:
+                    opened.flush()
+
+            result = import_export(path, Counted())
+        finally:
+            opened.close()
+        assert server.commit is not None
+        groups = server.commit.groups
+    finally:
+        server.stop(grace=5)
+    assert sum(result.events.values()) == sum(expected_events(path).values())
+    assert len(sent) >= 6, sent  # the begin, the end and at least four batches between them
+    assert groups == 3, f"{groups} groups for {len(sent)} batches"
 
 
 # -- bad files ----------------------------------------------------------------------------------

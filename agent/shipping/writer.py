@@ -1,6 +1,10 @@
 """Synchronous batch writes for one-shot jobs (imports): a few calls in flight, transient
 failures retried with backoff (as long as the server asks, when its store is behind), and
-any failure that remains raised to the caller."""
+any failure that remains raised to the caller.
+
+`concurrency` bounds the large requests in flight (an import's chunks: what memory holds); smaller
+ones go beside them, up to MAX_CALLS in all, so that a small file's few batches reach the server
+together and are stored in one group commit rather than one commit interval after another."""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ from tracehouse.batch import encode_request
 from tracehouse.channel import ACCESS_REFUSED, ClientSecurity, encoded_write, explain, open_channel
 from tracehouse.pushback import TRANSPORT_MAX_BYTES
 from tracehouse.v1 import batch_pb2, ingest_pb2
+
+LARGE_BYTES = 1 << 20  # a request of this size or more counts against `concurrency`
+MAX_CALLS = 8
 
 
 class WriteFailed(Exception):
@@ -35,21 +42,25 @@ class BatchWriter:
         self._metadata = security.metadata() if security else ()
         self._channel = open_channel(server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)])
         self._write = encoded_write(self._channel)  # encoded by the caller's thread, sent by the pool's
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="writer")
-        self._slots = threading.BoundedSemaphore(concurrency)
+        calls = max(concurrency, MAX_CALLS)
+        self._pool = ThreadPoolExecutor(calls, thread_name_prefix="writer")
+        self._calls = threading.BoundedSemaphore(calls)
+        self._large = threading.BoundedSemaphore(concurrency)
         self._pending: list[Future[ingest_pb2.WriteResponse]] = []
         self._patience = patience
         self.batches = 0
         self.duplicates = 0
 
     def write(self, batch: batch_pb2.Batch) -> None:
-        """Send a batch; blocks while `concurrency` calls are in flight. Raises WriteFailed
-        for an earlier batch that failed."""
+        """Send a batch; blocks while `concurrency` large requests, or MAX_CALLS in all, are in
+        flight. Raises WriteFailed for an earlier batch that failed."""
         self._reap(block=False)
         request = encode_request(batch)
-        self._slots.acquire()
+        slots = [self._large, self._calls] if len(request) >= LARGE_BYTES else [self._calls]
+        for slot in slots:
+            slot.acquire()
         future = self._pool.submit(self._send, request)
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda _: _release(slots))
         self._pending.append(future)
 
     def flush(self) -> None:
@@ -90,3 +101,8 @@ class BatchWriter:
             future.cancel()
         self._pool.shutdown(wait=True)
         self._channel.close()
+
+
+def _release(slots: list[threading.BoundedSemaphore]) -> None:
+    for slot in slots:
+        slot.release()
