@@ -3,6 +3,7 @@ versions' shapes, nsys-stats parity of the summaries, idempotence, and bad files
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -319,29 +320,16 @@ def test_a_small_exports_batches_are_stored_together_between_its_runs_begin_and_
     path = tmp_path / "small.sqlite"
     write_export(path, Spec())
     server = create_server(store, "127.0.0.1:0", limits, commit=CommitPolicy(interval_s=1.0))
-    sent: list[str] = []
     try:
-        opened = BatchWriter(f"127.0.0.1:{server.port}", patience=10)
-        try:
-
-            class Counted:
-                def write(self, batch: batch_pb2.Batch) -> None:
-                    sent.append(batch.batch_id)
-                    opened.write(batch)
-
-                def flush(self) -> None:
-                    opened.flush()
-
-            result = import_export(path, Counted())
-        finally:
-            opened.close()
+        with contextlib.closing(BatchWriter(f"127.0.0.1:{server.port}", patience=10)) as writer:
+            result = import_export(path, writer)
         assert server.commit is not None
         groups = server.commit.groups
     finally:
         server.stop(grace=5)
     assert sum(result.events.values()) == sum(expected_events(path).values())
-    assert len(sent) >= 6, sent  # the begin, the end and at least four batches between them
-    assert groups == 3, f"{groups} groups for {len(sent)} batches"
+    assert writer.batches >= 6  # the begin, the end and at least four batches between them
+    assert groups == 3, f"{groups} groups for {writer.batches} batches"
 
 
 # -- bad files ----------------------------------------------------------------------------------
