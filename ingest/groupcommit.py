@@ -99,7 +99,11 @@ class GroupCommit:
             self._waiting.append(waiting)
             self._rows += waiting.rows
             self._alone += waiting.rows >= ALONE_ROWS
-            self._changed.notify()
+            # the group's thread waits for the interval, or for a store to finish, whatever arrives
+            # meanwhile; only these change what it waits for (woken by every write, it woke 600 times a
+            # second under `bench load --writers 1000`)
+            if len(self._waiting) == 1 or self._rows >= self.max_rows or waiting.rows >= ALONE_ROWS:
+                self._changed.notify()
         if waiting.may_answer_early and self.answer_within_s is not None:
             waiting.stored.wait(self.answer_within_s)
             waiting.claimed.wait()

@@ -354,6 +354,34 @@ def test_a_batch_worth_an_insert_of_its_own_does_not_wait_for_the_interval(store
     assert counts(store)["samples"] == 2 * 100 + ALONE_ROWS
 
 
+def test_the_group_thread_wakes_for_a_first_batch_and_for_commit_rows_not_for_the_minute(store: Store) -> None:
+    """The group's thread sleeps through the interval (and, with nothing waiting, until its next sweep) and
+    is woken only by what changes that: a batch arriving when none waits is taken at once, batches
+    reaching commit rows are taken before the interval is up, and what is left waits for the minute."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.groupcommit import GroupCommit
+    from ingest.validate import validate_batch
+
+    batches = [validate_batch(request(telemetry(f"wake-{i}", n=25)).batch, DEFAULT_LIMITS, T0) for i in range(3)]
+    commit = GroupCommit(store, CommitPolicy(interval_s=60.0, max_rows=150), sweep_s=3600.0)
+    writers = [threading.Thread(target=commit.write, args=(batch, T0)) for batch in batches]
+    try:
+        writers[0].start()
+        writers[0].join(50)
+        assert not writers[0].is_alive(), "the first batch did not wait for the sweep an hour away"
+        writers[1].start()
+        writers[1].join(1.0)
+        assert writers[1].is_alive(), "100 rows of 150: it waits for the minute"
+        writers[2].start()  # 200 rows wait: the first 100 are a group at once, the others wait
+        writers[1].join(50)
+        assert not writers[1].is_alive() and writers[2].is_alive()
+    finally:
+        commit.close()
+    for writer in writers:
+        writer.join(50)
+    assert counts(store)["samples"] == 300
+
+
 def test_an_import_chunk_is_a_group_of_its_own_with_no_copy_in_pending(store: Store) -> None:
     """A batch that stands alone (ALONE_ROWS events of one month) is stored as a group by itself, not
     copied to ingest_pending, and answered only once stored; sent again it is a duplicate. The same
