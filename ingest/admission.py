@@ -23,9 +23,14 @@ of their calls were refused, at a third of the server's CPU.
 Turns serve a burst, not a crowd. Once more writes were refused over the last PACE_WINDOW_S than the
 server takes at once, more writers want to write than the store can take (writers that are behind
 send their next batch as soon as one is answered, and take the room a turn was counting on), and a
-writer turned away is asked to come back in MAX_RETRY_MS: its spool holds its data, and each of its
-calls refused would have cost the server as much CPU as one it stores. While turns given or writers
-turned away are yet to come back, the bound stays on however quickly writes finish.
+writer turned away is asked to come back once the store will have taken, at the recent pace, the
+writes in flight and those that the writers turned away before it bring back: at least MIN_CROWD_MS
+(its spool holds its data, and each of its calls refused costs the server as much CPU as one it
+stores), at most MAX_RETRY_MS. So a crowd comes back spread out at the pace the store takes it. One
+pause for the whole crowd (MAX_RETRY_MS) brought it back at once: when a thousand writers started
+together, seven hundred were turned away in the first two seconds, the server then sat idle for
+eight while they waited, and turned most of them away again at their return. While turns given or
+writers turned away are yet to come back, the bound stays on however quickly writes finish.
 
 A write is always admitted when nothing else is in flight, so a batch larger than the
 bound still goes through, alone.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +55,7 @@ FIRST_CALLS = 256  # writes taken at once while the pace is unknown
 PACE_WINDOW_S = 3.0  # writes finished this long ago or less set the pace
 FIRST_WRITE_MS = 100  # what a write is taken to last while the pace is unknown
 MIN_RETRY_MS = 20
+MIN_CROWD_MS = 1_000
 MAX_RETRY_MS = 10_000
 
 
@@ -121,6 +128,8 @@ class Admission:
         self._next_turn = 0.0  # when the turns given to writes turned away end
         self._back_by = 0.0  # when every writer turned away so far is due back
         self._refusals: collections.deque[float] = collections.deque()  # when, over the last PACE_WINDOW_S
+        self._away: list[tuple[float, int]] = []  # a crowd turned away, not yet due back: (when, bytes), a heap
+        self._away_bytes = 0
         self._first_finished = 0.0
 
     @contextlib.contextmanager
@@ -201,8 +210,7 @@ class Admission:
         while self._refusals[0] < now - PACE_WINDOW_S:
             self._refusals.popleft()
         if len(self._refusals) > self.max_calls:  # a crowd, not a burst
-            self._back_by = max(self._back_by, now + MAX_RETRY_MS / 1000)
-            return MAX_RETRY_MS
+            return self._crowd_pause_ms(size, pace, now)
         if pace is None:  # as long as a write is taken to last at first, times how far over the bounds
             over = max((self._bytes + size) / self.max_bytes, (self._calls + 1) / min(self.max_calls, FIRST_CALLS))
             return int(min(MAX_RETRY_MS, FIRST_WRITE_MS * over))
@@ -212,6 +220,27 @@ class Admission:
         self._next_turn = min(turn + size / pace, latest)
         self._back_by = max(self._back_by, turn)
         return int((turn - now) * 1000)
+
+    def _crowd_pause_ms(self, size: int, pace: float | None, now: float) -> int:
+        """How long a writer turned away from a crowd stays away: until the store has taken, at the recent
+        pace, the writes in flight, what the writers turned away before it bring back, and its own write;
+        at least MIN_CROWD_MS (also while the pace is unknown), at most MAX_RETRY_MS."""
+        while self._away and self._away[0][0] <= now:
+            self._away_bytes -= heapq.heappop(self._away)[1]
+        pause_s = MIN_CROWD_MS / 1000
+        if pace is not None:
+            pause_s = min(MAX_RETRY_MS / 1000, max(pause_s, (self._away_bytes + self._bytes + size) / pace))
+        heapq.heappush(self._away, (now + pause_s, size))
+        self._away_bytes += size
+        self._back_by = max(self._back_by, now + pause_s)
+        return round(pause_s * 1000)
+
+    def turning_away(self) -> bool:
+        """Whether writes were refused over the last PACE_WINDOW_S, or writers turned away are yet to
+        come back: the store is behind, and the writes it takes are answered once claimed."""
+        with self._lock:
+            now = self._clock()
+            return self._back_by > now or bool(self._refusals and self._refusals[-1] >= now - PACE_WINDOW_S)
 
     def counts(self) -> AdmissionCounts:
         with self._lock:

@@ -3,9 +3,10 @@ per table for all of them, at most one group per `interval_s` (sooner once `max_
 a batch of ALONE_ROWS rows or more, an insert worth making on its own: an import's chunk), of at
 most `max_rows` rows (what is left waits for the next group, first in line).
 So the parts the store makes, and what each insert costs, follow the data, not the number of
-writers. Each writer is answered when the group holding its batch is stored, or, when storing it
-takes longer than `answer_within_s`, once the group is claimed (Store.claim_group: from then on it
-is stored once whatever fails). Batches that describe runs are answered only once stored, and are
+writers. Each writer is answered when the group holding its batch is stored, or once the group is
+claimed (Store.claim_group: from then on it is stored once whatever fails) when storing it takes
+longer than `answer_within_s`, or while `answer_at_claim()` says so (the admission turns writers
+away: ingest/admission.py). Batches that describe runs are answered only once stored, and are
 stored after every group taken before them: what their writers send next may read them. A batch
 that stands alone (ingest/group.py: an import's chunk) is a group by itself, answered once stored.
 
@@ -63,12 +64,16 @@ class _Waiting:
 
 
 class GroupCommit:
-    def __init__(self, store: Store, policy: CommitPolicy | None = None, sweep_s: float = SWEEP_S) -> None:
+    def __init__(
+        self, store: Store, policy: CommitPolicy | None = None, sweep_s: float = SWEEP_S,
+        answer_at_claim: Callable[[], bool] = lambda: False,
+    ) -> None:  # fmt: skip
         policy = policy or CommitPolicy()
         self.store = store
         self.interval_s = policy.interval_s
         self.max_rows = policy.max_rows
         self.answer_within_s = policy.answer_within_s
+        self.answer_at_claim = answer_at_claim
         self.sweep_s = sweep_s
         self._waiting: list[_Waiting] = []
         self._rows = 0
@@ -89,8 +94,9 @@ class GroupCommit:
     ) -> WriteResult:  # fmt: skip
         """Store `batch` with the others waiting now; return once it is stored, or once its group is
         claimed (so stored once, whatever fails) if storing it takes longer than `answer_within_s`
-        from now. Batches that describe runs wait until stored: what a writer sends after them may
-        read them. `on_stored` is called once the batch is stored, or refused, in any case."""
+        from now, or if `answer_at_claim()` says so now. Batches that describe runs wait until stored:
+        what a writer sends after them may read them. `on_stored` is called once the batch is stored,
+        or refused, in any case."""
         rows = sum(batch.rows().values())
         waiting = _Waiting(batch, received_ns, wanted, rows, on_stored, stands_alone(batch))
         with self._changed:
@@ -104,8 +110,9 @@ class GroupCommit:
             # second under `bench load --writers 1000`)
             if len(self._waiting) == 1 or self._rows >= self.max_rows or waiting.rows >= ALONE_ROWS:
                 self._changed.notify()
-        if waiting.may_answer_early and self.answer_within_s is not None:
-            waiting.stored.wait(self.answer_within_s)
+        within_s = 0.0 if self.answer_at_claim() else self.answer_within_s
+        if waiting.may_answer_early and within_s is not None:
+            waiting.stored.wait(within_s)
             waiting.claimed.wait()
         else:
             waiting.stored.wait()

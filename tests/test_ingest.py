@@ -327,6 +327,33 @@ def test_a_writer_is_answered_once_its_batch_is_claimed_when_storing_takes_longe
     assert seen_when_stored == [200_000], "the bytes held for the write are let go once its rows are in"
 
 
+def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_away(store: Store) -> None:
+    """With no --ack-within-ms, a writer is answered once its batch is stored, but while the admission
+    turns writers away (`answer_at_claim`), once its group is claimed: the writes it takes then are
+    answered within the claim, not within the store's whole queue."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.groupcommit import GroupCommit
+    from ingest.validate import validate_batch
+
+    behind = [True]
+    batches = [
+        validate_batch(request(telemetry(name, n=50_000, t0=T0 + i * 3600 * S)).batch, DEFAULT_LIMITS, T0)
+        for i, name in enumerate(("while-behind", "caught-up"))
+    ]
+    commit = GroupCommit(store, CommitPolicy(interval_s=0), answer_at_claim=lambda: behind[0])
+    try:
+        assert commit.write(batches[0], T0).rows["samples"] == 200_000
+        assert commit.answered_early == 1
+        claimed = store.query("SELECT count() AS n FROM {db}.ingest_pending WHERE has(batch_ids, 'while-behind')")
+        assert claimed.column("n")[0].as_py() == 1, "answered once claimed"
+        behind[0] = False
+        commit.write(batches[1], T0)
+        assert commit.answered_early == 1, "answered once stored"
+        assert counts(store)["samples"] == 400_000
+    finally:
+        commit.close()
+
+
 def test_a_batch_worth_an_insert_of_its_own_does_not_wait_for_the_interval(store: Store) -> None:
     """With a group a minute at most, a second small batch waits for the minute; a batch of
     ALONE_ROWS rows (an import's chunk) is stored as soon as the store can take it, with what waits."""

@@ -24,6 +24,7 @@ from ingest.admission import (
     DEFAULT_TARGET_MS,
     FIRST_CALLS,
     MAX_RETRY_MS,
+    MIN_CROWD_MS,
     Admission,
     Overloaded,
 )
@@ -462,22 +463,37 @@ def test_turns_run_no_further_ahead_than_the_longest_pause_whatever_the_pace() -
         assert _turn_away(admission, 1_000) == 850  # once 3,000 bytes would fit at that pace, less half the target
 
 
-def test_a_crowd_turned_away_is_asked_to_come_back_after_the_longest_pause() -> None:
+def test_a_crowd_turned_away_comes_back_spread_out_at_the_stores_pace() -> None:
     """More writes turned away over the window than the server takes at once: writers that are behind
-    take the room as soon as they are answered, turns would only bring the others back to be refused
-    again, so each is asked for the longest pause; a burst is given turns again once the window passed."""
+    take the room as soon as they are answered, so turns would only bring the others back to be refused
+    again. Each is asked to stay away until the store has taken, at the recent pace, what is in flight
+    and what the writers turned away before it bring back: at least a second, at most the longest
+    pause. One pause for all brought a crowd back at once, and left the server idle meanwhile."""
     clock = Clock()
     admission = Admission(1 << 30, max_calls=3, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 1_000, 1_000)  # 2,000 bytes a second
+    assert not admission.turning_away()
+    with admission.admit(1_000), admission.admit(1_000):
+        hints = [_turn_away(admission, 1_000) for _ in range(7)]
+        # three turns, then the crowd: 2,000 bytes in flight, 1,000 more for each writer away, its own
+        assert hints == [1_000, 1_500, 2_000, 1_500, 2_000, 2_500, 3_000]
+        assert admission.turning_away()
+    clock.now += 30.0  # the crowd is back, no refusal over the window
+    assert not admission.turning_away()
     _finish(admission, clock, 0.6, 1_000, 1_000)
     with admission.admit(1_000), admission.admit(1_000):
-        hints = [_turn_away(admission, 1_000) for _ in range(5)]
-        assert hints == [1_000, 1_500, 2_000, MAX_RETRY_MS, MAX_RETRY_MS]
-    clock.now += 2.5  # the turns given have come and gone; the writers asked for the longest pause have not
-    # the two writes held finished at once: taken alone, the writes of late say the store keeps up; yet the
-    # bound stays on for the writers yet to come back
-    with admission.admit(1_000), pytest.raises(Overloaded), admission.admit(1_000):
-        pass
-    clock.now += MAX_RETRY_MS / 1000  # all back, none turned away over the window: a burst again
-    _finish(admission, clock, 0.6, 1_000, 1_000)
+        assert [_turn_away(admission, 1_000) for _ in range(3)] == [1_000, 1_500, 2_000]  # a burst: turns
+        # a crowd again, which brings back none of the crowd before it; never longer than the longest pause
+        assert [_turn_away(admission, 1_000), _turn_away(admission, 20_000)] == [1_500, MAX_RETRY_MS]
+
+
+def test_a_crowd_turned_away_while_the_pace_is_unknown_comes_back_in_a_second() -> None:
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=2, target_ms=1_000, clock=clock)
     with admission.admit(1_000), admission.admit(1_000):
-        assert _turn_away(admission, 1_000) < MAX_RETRY_MS
+        hints = [_turn_away(admission, 1_000) for _ in range(4)]
+    assert hints[2:] == [MIN_CROWD_MS, MIN_CROWD_MS] and max(hints[:2]) < MIN_CROWD_MS
+    clock.now += MIN_CROWD_MS / 1000
+    assert admission.turning_away(), "refused within the window"
+    clock.now += 3.0
+    assert not admission.turning_away()

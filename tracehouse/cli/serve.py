@@ -215,7 +215,7 @@ def create_server(
         ],
     )
     admission = Admission(max_pending_bytes, max(1, workers * 3 // 4), ack_target_ms)
-    group_commit = GroupCommit(store, commit)
+    group_commit = GroupCommit(store, commit, answer_at_claim=admission.turning_away)
     captures = CaptureBoard(store)
     capture_service = CaptureService(store, captures)
     rules = None

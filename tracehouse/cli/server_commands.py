@@ -126,7 +126,7 @@ def _add_serve(commands: Any) -> None:
             metavar="MS",
             help="answer a writer within MS milliseconds once its batch is claimed (stored once, whatever "
             "fails), even if the tables take longer; batches that describe runs wait until stored "
-            "(default: answered once stored)",
+            "(default: answered once stored, or once claimed while writers are being told to retry later)",
         )
         parser.add_argument(
             "--commit-rows",
