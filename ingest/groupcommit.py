@@ -148,6 +148,10 @@ class GroupCommit:
                 if time.monotonic() - self._last_sweep >= self.sweep_s:
                     self._sweep()
         self._sweep()
+        try:
+            self.store.mark_done()
+        except StoreError as error:
+            log.warning("could not mark the last group commits done (the next start stores them again): %s", error)
 
     def _next_group(self) -> list[_Waiting] | None:
         """Wait for the next group (an empty one when it is time to sweep); None once closed. A group

@@ -464,16 +464,29 @@ class Store:
     def _insert_pending(self, client: Client, group: Group) -> None:
         """The group, whole, before any of it goes to the tables; with it, the done marks of the
         groups finished since the last one (one insert, so one part, per group)."""
+        self._insert_with_done_marks(client, [_pending_row(group)])
+        _crash_point("pending")
+
+    def mark_done(self) -> None:
+        """The done marks of the groups finished since the last claim, written now (at a clean stop):
+        else the next server on the store takes them for groups a crash left unfinished, stores them
+        again (nothing twice: the same tokens) and logs that a stopped server left them unfinished."""
+        with self._done_lock:
+            if not self._done:
+                return
+        with self._client() as client:
+            self._insert_with_done_marks(client, [])
+
+    def _insert_with_done_marks(self, client: Client, rows: list[dict[str, Any]]) -> None:
         with self._done_lock:
             done, self._done = self._done, []
-        rows = [_pending_row(group), *(_done_row(commit) for commit in done)]
+        rows = [*rows, *(_done_row(commit) for commit in done)]
         try:
             client.insert_arrow(f"{self.db}.ingest_pending", pa.Table.from_pylist(rows, schema=_PENDING_SCHEMA))
         except BaseException:
             with self._done_lock:
                 self._done.extend(done)
             raise
-        _crash_point("pending")
 
     def _store_group(self, client: Client, group: Group) -> tuple[dict[int, BatchRefused], dict[int, int | None]]:
         """Insert the group's rows per table, then its ledger rows. Returns the batches (by index)

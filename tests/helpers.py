@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,3 +122,10 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(every)

@@ -354,6 +354,23 @@ def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_awa
         commit.close()
 
 
+def test_a_clean_stop_marks_its_last_group_done(store: Store) -> None:
+    """A group's done mark goes with the next group's claim; the last ones are written when the group
+    commit stops, so the next server does not take them for groups a crash left unfinished."""
+    from ingest.commitpolicy import CommitPolicy
+    from ingest.groupcommit import GroupCommit
+    from ingest.validate import validate_batch
+
+    commit = GroupCommit(store, CommitPolicy(interval_s=0))
+    try:
+        for i in range(2):
+            commit.write(validate_batch(request(telemetry(f"stop-{i}", n=25)).batch, DEFAULT_LIMITS, T0), T0)
+    finally:
+        commit.close()
+    groups = store.query("SELECT commit, max(done) AS done FROM {db}.ingest_pending GROUP BY commit")
+    assert groups.num_rows == 2 and groups.column("done").to_pylist() == [1, 1]
+
+
 def test_a_batch_worth_an_insert_of_its_own_does_not_wait_for_the_interval(store: Store) -> None:
     """With a group a minute at most, a second small batch waits for the minute; a batch of
     ALONE_ROWS rows (an import's chunk) is stored as soon as the store can take it, with what waits."""

@@ -25,7 +25,7 @@ from ingest.store import Store
 from ingest.validate import validate_batch
 from query.client import Client
 from tests.fake_clickhouse import USER, running
-from tests.helpers import T0, S, closed_port, kernels, telemetry, trace
+from tests.helpers import T0, S, closed_port, kernels, telemetry, trace, wait_until
 from tests.test_serve import serve
 from tracehouse.batch import encode_request
 from tracehouse.channel import encoded_write
@@ -181,13 +181,6 @@ def join(threads: Sequence[threading.Thread], timeout: float = 240.0) -> None:
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     assert not any(thread.is_alive() for thread in threads), "writers still sending"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(every)
 
 
 def group_of_writers(tag: str) -> list[Sent]:
