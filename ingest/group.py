@@ -49,7 +49,8 @@ class Group:
 
     def without(self, refused: set[int], table: str) -> pa.Table:
         """`table`'s rows less those of the batches at the indexes `refused`."""
-        return pa.concat_tables([part for i, part in enumerate(self.slices(table)) if i not in refused])
+        kept = [part for i, part in enumerate(self.slices(table)) if i not in refused]
+        return pa.concat_tables(kept) if kept else self.tables[table].slice(0, 0)
 
 
 def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:

@@ -9,9 +9,13 @@ longer than `answer_within_s`, or while `answer_at_claim()` says so (the admissi
 away: ingest/admission.py). Batches that describe runs are answered only once stored, and are
 stored after every group taken before them: what their writers send next may read them. A batch
 that stands alone (ingest/group.py: an import's chunk) is a group by itself, answered once stored.
+A read waits for the groups whose writers were answered before they were stored (`settle_answered`):
+whoever reads this server sees every write it answered.
 
-Between groups, and every `sweep_s`, unfinished groups that another server left behind are
-finished (Store.finish_unfinished).
+At start, before any write is taken, every group left unfinished on the store is finished: those
+of this server before it was stopped, and any another server is storing at that moment (stored by
+both, nothing twice: Store.finish_unfinished). Every `sweep_s`, groups unfinished for longer than
+UNFINISHED_AFTER_S, whose server stopped and was not started again, are finished.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ingest.validate import ValidatedBatch
 log = logging.getLogger(__name__)
 
 SWEEP_S = 10.0
+SETTLE_WITHIN_S = 10.0  # a read waits no longer than this for the groups answered before they were stored
 STORING_AT_ONCE = 2  # one group's rows go to the engine while the next is claimed
 UNFINISHED_AFTER_S = 30.0  # a group unfinished for longer than this lost its server
 # A batch of ALONE_ROWS rows does not wait for the interval: an import sends 65,536 events a batch with
@@ -46,6 +51,7 @@ class _Waiting:
     rows: int
     on_stored: Callable[[], None]
     alone: bool  # stands alone (ingest/group.py): a group by itself, answered only once stored
+    group_stored: threading.Event | None = None  # its group's, once taken; set once the group is stored or failed
     stored: threading.Event = field(default_factory=threading.Event)
     claimed: threading.Event = field(default_factory=threading.Event)  # set with `stored` too
     outcome: WriteResult | Exception | None = None
@@ -85,6 +91,8 @@ class GroupCommit:
         self.groups = 0  # stored so far
         self.answered_early = 0  # writers answered once their group was claimed, before it was stored
         self._storing: set[threading.Event] = set()  # groups taken and not yet stored; each set once stored
+        self._answered: set[threading.Event] = set()  # of those, the groups with writers answered already
+        self._sweep(older_than_s=0.0)  # a crash's leftovers, before any write or read of this server
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
@@ -118,11 +126,24 @@ class GroupCommit:
             waiting.stored.wait()
         if not waiting.stored.is_set():  # stored once whatever fails: the group is claimed
             self.answered_early += 1
+            with self._changed:
+                assert waiting.group_stored is not None  # claimed: taken
+                if not waiting.group_stored.is_set():
+                    self._answered.add(waiting.group_stored)
             return WriteResult(duplicate=False, rows=batch.rows())
         if isinstance(waiting.outcome, Exception):
             raise waiting.outcome
         assert waiting.outcome is not None
         return waiting.outcome
+
+    def settle_answered(self, within_s: float = SETTLE_WITHIN_S) -> None:
+        """Wait (up to `within_s`) for the groups whose writers were answered before they were stored, so
+        that a read that follows sees every write answered before it."""
+        with self._changed:
+            answered = list(self._answered)
+        deadline = time.monotonic() + within_s
+        for group_stored in answered:
+            group_stored.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Store what waits, then stop."""
@@ -132,8 +153,6 @@ class GroupCommit:
         self._thread.join()
 
     def _run(self) -> None:
-        if self.store.sole_writer:  # what a crash left unfinished is this process's own: finished first
-            self._sweep(older_than_s=0.0)
         with ThreadPoolExecutor(STORING_AT_ONCE, thread_name_prefix="group-commit") as storing:
             while True:
                 with self._changed:
@@ -141,6 +160,8 @@ class GroupCommit:
                     if group:
                         stored = threading.Event()
                         earlier, self._storing = set(self._storing), self._storing | {stored}
+                        for waiting in group:
+                            waiting.group_stored = stored
                 if group is None:
                     break
                 if group:
@@ -194,9 +215,10 @@ class GroupCommit:
             self._claim_and_store(group, earlier)
         finally:
             with self._changed:
+                stored.set()
                 self._storing.discard(stored)
+                self._answered.discard(stored)
                 self._changed.notify()
-            stored.set()
 
     def _claim_and_store(self, group: list[_Waiting], earlier: set[threading.Event]) -> None:
         gone = [waiting for waiting in group if not waiting.wanted()]
@@ -237,5 +259,9 @@ class GroupCommit:
         except StoreError as error:
             log.warning("could not look for unfinished group commits: %s", error)
             return
+        except Exception:  # a fault of ours: the writes go on, and the next sweep tries again
+            log.exception("could not finish the unfinished group commits")
+            return
         if finished:
-            log.warning("finished %d group commits that a stopped server had left unfinished", finished)
+            left = "left unfinished on the store" if older_than_s == 0 else "that a stopped server had left unfinished"
+            log.warning("finished %d group commits %s", finished, left)

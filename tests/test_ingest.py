@@ -81,6 +81,18 @@ def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
     assert counts(store)["events"] == 1
 
 
+def test_a_group_whose_batches_are_all_left_out_keeps_none_of_their_rows() -> None:
+    """Finishing a group whose every batch another claim stores (two servers claimed them) leaves all out."""
+    from ingest.group import new_group
+    from ingest.validate import validate_batch
+
+    batches = [validate_batch(request(telemetry(f"left-{i}", n=5)).batch, DEFAULT_LIMITS, T0) for i in range(2)]
+    group = new_group(batches, T0)
+    assert group.without({1}, "samples").num_rows == 20
+    none = group.without({0, 1}, "samples")
+    assert none.num_rows == 0 and none.schema == group.tables["samples"].schema
+
+
 @pytest.mark.parametrize(
     "other",
     [
@@ -346,6 +358,8 @@ def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_awa
         assert commit.answered_early == 1
         claimed = store.query("SELECT count() AS n FROM {db}.ingest_pending WHERE has(batch_ids, 'while-behind')")
         assert claimed.column("n")[0].as_py() == 1, "answered once claimed"
+        commit.settle_answered()
+        assert counts(store)["samples"] == 200_000, "a read waits for the writes answered before they were stored"
         behind[0] = False
         commit.write(batches[1], T0)
         assert commit.answered_early == 1, "answered once stored"

@@ -115,10 +115,11 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def _method_handler(
-    request_type: type[Message], behavior: Callable[..., Any], max_request_bytes: int, pass_encoded: bool
-) -> grpc.RpcMethodHandler:
+    request_type: type[Message], behavior: Callable[..., Any], max_request_bytes: int, pass_encoded: bool,
+    before: Callable[[], None],
+) -> grpc.RpcMethodHandler:  # fmt: skip
     """Parse requests ourselves, so that a malformed or oversized one is INVALID_ARGUMENT
-    with a reason rather than an opaque deserialization failure."""
+    with a reason rather than an opaque deserialization failure; `before` runs before each call."""
     name = request_type.DESCRIPTOR.full_name
 
     def unary(data: bytes, context: grpc.ServicerContext) -> Any:
@@ -132,6 +133,7 @@ def _method_handler(
         except DecodeError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {name}: {error}")
         try:
+            before()
             return behavior(request, context, data) if pass_encoded else behavior(request, context)
         except Exception as error:
             code, message = status_for(error)
@@ -142,7 +144,10 @@ def _method_handler(
     )
 
 
-def add_service(server: grpc.Server, service: ServiceDescriptor, servicer: Any, max_request_bytes: int) -> None:
+def add_service(
+    server: grpc.Server, service: ServiceDescriptor, servicer: Any, max_request_bytes: int,
+    before: Callable[[], None] = lambda: None,
+) -> None:  # fmt: skip
     encoded = getattr(servicer, "wants_encoded_request", ())
     handlers = {
         method.name: _method_handler(
@@ -150,6 +155,7 @@ def add_service(server: grpc.Server, service: ServiceDescriptor, servicer: Any, 
             getattr(servicer, method.name),
             max_request_bytes,
             method.name in encoded,
+            before,
         )
         for method in service.methods
     }
@@ -229,7 +235,8 @@ def create_server(
     keeper = Keeper(store)
     ingest_service = IngestService(store, group_commit, admission, captures, rules, keeper.described)
     add_service(server, INGEST, ingest_service, limits.max_batch_bytes)
-    add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4)
+    # a read sees every write this server answered, those answered once claimed included
+    add_service(server, QUERY, QueryService(store), limits.max_string_bytes * 4, group_commit.settle_answered)
     add_service(server, CAPTURE, capture_service, limits.max_string_bytes * 4)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
