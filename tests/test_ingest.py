@@ -339,6 +339,27 @@ def test_a_writer_is_answered_once_its_batch_is_claimed_when_storing_takes_longe
     assert seen_when_stored == [200_000], "the bytes held for the write are let go once its rows are in"
 
 
+def test_a_query_sees_the_writes_its_server_answered_once_claimed(store: Store) -> None:
+    """`--ack-within-ms 0`: writers are answered once their group is claimed, before its rows are in; a
+    query on the same server, right after, waits for them and counts every row."""
+    from ingest.commitpolicy import CommitPolicy
+    from query.client import Client
+    from tracehouse.cli.serve import create_server
+
+    running = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS, commit=CommitPolicy(answer_within_s=0))
+    address = f"127.0.0.1:{running.port}"
+    try:
+        with grpc.insecure_channel(address) as channel, Client(address) as client:
+            write = ingest_pb2_grpc.IngestStub(channel).Write
+            for i in range(3):
+                write(request(telemetry(f"seen-{i}", n=50_000, t0=T0 + i * 3600 * S)), timeout=60)
+                seen = client.sql("SELECT count() AS n FROM samples")
+                assert int(seen["n"][0]) == 200_000 * (i + 1)
+            assert running.commit is not None and running.commit.answered_early == 3
+    finally:
+        running.stop(grace=5)
+
+
 def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_away(store: Store) -> None:
     """With no --ack-within-ms, a writer is answered once its batch is stored, but while the admission
     turns writers away (`answer_at_claim`), once its group is claimed: the writes it takes then are
