@@ -558,3 +558,8 @@ def test_bench_import_kineto_runs_and_stores_every_event() -> None:
     assert result["events"] == result["stored_events"] > 10_000
     assert result["json_load_events"] >= result["events"]
     assert result["importer_peak_rss_mb"] > 0 and result["ratio"] > 0
+    # the floor stores the rows imported and counts the file's events, as the import's rate does
+    floor, cpus = result["engine_floor"], result["machine"]["cpus"]
+    assert floor["stored"] == floor["events"] == result["events"]
+    per_file_event_us = floor["store_cpu_us_per_event"] * result["events"] / result["json_load_events"]
+    assert floor["events_per_s_on_all_cores"] == pytest.approx(cpus * 1e6 / per_file_event_us, rel=0.05)

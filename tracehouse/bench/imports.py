@@ -1,5 +1,6 @@
 """`tracehouse bench import [--kineto]`: `tracehouse import` of an Nsight Systems export or a
-PyTorch-profiler trace into a `tracehouse serve`, against only reading the same file."""
+PyTorch-profiler trace into a `tracehouse serve`, against only reading the same file, and beside
+what storing as many events costs the engine alone (tracehouse/bench/enginefloor.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from agent.runs.children import with_parent
 from tracehouse.bench.common import _child_environment, _stamp, _watch_rss, serving
+from tracehouse.bench.enginefloor import engine_floor
 
 GOAL_IMPORT_RATIO = 0.5
 GOAL_IMPORT_EVENTS_PER_S = 1_000_000
@@ -34,7 +36,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
     """`tracehouse import` of a synthetic export of `events` events into a `tracehouse serve`,
     each its own process as in production, against a plain sqlite3 scan of the same tables
     in this process. The importer's peak memory comes from the kernel's accounting of it."""
-    from agent.traces.nsys import Export
+    from agent.traces.nsys import CHUNK_ROWS, Export
     from agent.traces.nsys_synthetic import Spec, write_export
 
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
@@ -65,6 +67,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         "ratio": round(import_rate / scan_rate, 3),
         **_cpu(result, imported),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        "engine_floor": engine_floor(imported, CHUNK_ROWS),
         "goal": {
             "ratio": GOAL_IMPORT_RATIO,
             "events_per_s": GOAL_IMPORT_EVENTS_PER_S,
@@ -160,6 +163,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
     included; it holds the whole trace in memory, as the importer does not)."""
     import gzip
 
+    from agent.traces.kineto_events import CHUNK_ROWS
     from agent.traces.kineto_synthetic import KinetoSpec, events_per_step, write_trace
     from agent.traces.tracefile import GZIP_MAGIC
 
@@ -194,6 +198,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
         "ratio": round(import_rate / load_rate, 3),
         **_cpu(result, in_file),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        "engine_floor": engine_floor(imported, CHUNK_ROWS, counted=in_file),
         "goal": {
             "ratio": GOAL_KINETO_RATIO,
             "events_per_s": GOAL_KINETO_EVENTS_PER_S,
