@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -66,12 +65,12 @@ def _measure(folder: str, events: int, batch_rows: int) -> dict[str, Any]:
     from tracehouse.model import DEFAULT_LIMITS
 
     with Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS) as store:
-        started = _cpu()
+        started = time.process_time()
         for offset in range(0, events, batch_rows):
             store.execute(_EVENTS.format(db=store.db, offset=offset, rows=min(batch_rows, events - offset)))
-        inserted = _cpu()
+        inserted = time.process_time()
         _until_merged(store)
-        merged = _cpu()
+        merged = time.process_time()
         stored = store.query(f"SELECT count() AS stored FROM {store.db}.events").column("stored")[0].as_py()
     return {"cpu_s": merged - started, "merge_cpu_s": merged - inserted, "stored": stored}
 
@@ -83,19 +82,15 @@ def _until_merged(store: Any) -> None:
     quiet_since, seen = time.monotonic(), None
     while time.monotonic() < deadline:
         now = store.query(
-            f"SELECT (SELECT count() FROM system.merges) AS merging, (SELECT count() FROM system.parts "
-            f"WHERE active AND database = '{store.db}' AND table = 'events') AS parts"
+            "SELECT (SELECT count() FROM system.merges) AS merging, (SELECT count() FROM system.parts "
+            "WHERE active AND database = {database:String} AND table = 'events') AS parts",
+            {"database": store.layout.database},
         ).to_pylist()[0]
         if now["merging"] or now != seen:
             quiet_since, seen = time.monotonic(), now
         elif time.monotonic() - quiet_since >= QUIET_S:
             return
         time.sleep(0.1)
-
-
-def _cpu() -> float:
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
 
 
 if __name__ == "__main__":
