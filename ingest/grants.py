@@ -1,6 +1,7 @@
 """The checks of a batch against what its writer may write (tracehouse/scopes.py: the caller's
 `Grant`): every host it names must match one of the grant's globs, every run id start with one of
-its prefixes.
+its prefixes. Samples are their host's telemetry, counted for every run on it in their time, so a
+writer bound to run ids alone (no hosts) sends none.
 
 Run descriptions also answer to what is stored, whoever sends them: a stored run keeps its host,
 and a run that finished importing is never sent back to importing (which would hide it). Renaming
@@ -60,6 +61,18 @@ def _check_column(grant: Grant, field: str, values: pa.ChunkedArray, kind: str) 
             raise _refusal(grant, f"{field}[{pc.index(plain, value).as_py()}]", value, kind)
 
 
+def _unhosted_samples(grant: Grant, hosts: pa.ChunkedArray) -> OutOfBounds:
+    """Samples are their host's telemetry, read for every run on the host in their time: only a
+    writer bound to hosts may send them, never one bound to run ids alone."""
+    plain = hosts.cast(pa.string()) if pa.types.is_dictionary(hosts.type) else hosts
+    return OutOfBounds(
+        "batch.samples",
+        f"this token is bound to run ids ({_bounds(grant.runs or ())}) but not to hosts, and samples count as "
+        f"host {show(plain[0].as_py())}'s telemetry for every run on it: send them with a token bound to "
+        "their host (hosts=GLOB in the tokens file)",
+    )
+
+
 def check_bounds(batch: ValidatedBatch, grant: Grant) -> None:
     """Every host and run id the batch names is inside the grant's bounds; raises OutOfBounds."""
     if not grant.bounded:
@@ -78,6 +91,8 @@ def check_bounds(batch: ValidatedBatch, grant: Grant) -> None:
             for kind, field, value in (("host", "host", host), ("run", "run_id", run_id)):
                 if not _allows(grant, kind, value):
                     raise _refusal(grant, f"batch.{table}[{i}].{field}", value, kind)
+    if batch.samples is not None and grant.hosts is None:
+        raise _unhosted_samples(grant, batch.samples.column("host"))
 
 
 def named_runs(batch: ValidatedBatch) -> list[str]:

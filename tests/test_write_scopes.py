@@ -165,7 +165,7 @@ def test_writes_inside_the_bounds_are_stored(send: Send, store: Store) -> None:
     agent = trace("gpu-1/1", run_id="agent.gpu-1", host="gpu-1").add_run("agent.gpu-1", host="gpu-1", start=T0)
     send(GPU, agent.add_device("gpu-1", 0, run_id="agent.gpu-1", name="H100"))
     send(GPU, telemetry("dgx-7/1", run_id="agent.dgx-7", host="dgx-7"))
-    send(CI, telemetry("ci/1", run_id="ci-1234", host="any-host").add_run("ci-1234", host="any-host", start=T0))
+    send(CI, trace("ci/1", run_id="ci-1234", host="any-host").add_run("ci-1234", host="any-host", start=T0))
     send(CI, trace("ci/2", run_id="nightly/7", host="builder"))
     send(WRITER, telemetry("w/1", run_id="anything", host="anywhere"))
     send(ADMIN, describe("a/1", "admin-run", "anywhere"))

@@ -5,7 +5,8 @@ Tokens file (`--tokens FILE`): one `SCOPE TOKEN [hosts=GLOB,...] [runs=PREFIX,..
 is `read` (Query: the UI, the CLI), `write` (Ingest: agents, imports) or `admin` (both). Blank lines
 and lines starting with `#` are ignored. `hosts=` and `runs=` bound what a write or admin token may
 write (ingest/grants.py): every host a batch names must match one of the globs (`fnmatchcase`), every
-run id start with one of the prefixes. `tracehouse token --scope write --hosts 'gpu-*'` prints a
+run id start with one of the prefixes; a token with `runs=` and no `hosts=` sends no samples (they
+are their host's telemetry, read for every run on it). `tracehouse token --scope write --hosts 'gpu-*'` prints a
 fresh line to append.
 
 A token never appears in a message or a log line: errors name the file and the line number.
