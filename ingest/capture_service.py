@@ -22,6 +22,7 @@ from ingest.captures import (
     CaptureRecord,
     CaptureRefused,
     Report,
+    check_poll,
     check_report,
     check_request,
     start_step,
@@ -327,6 +328,7 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
     def Poll(self, request: capture_pb2.CapturePoll, context: Any) -> capture_pb2.CaptureOrders:
         grant = CALLER.get()
         run_id = _run_id(request.run_id, grant)
+        check_poll(request.session, request.rank, request.step)
         return capture_pb2.CaptureOrders(
             orders=[
                 capture_pb2.CaptureOrder(
@@ -338,7 +340,8 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         )
 
     def Report(self, request: capture_pb2.CaptureReport, context: Any) -> capture_pb2.CaptureReportResponse:
-        check_report(request.state, request.session, request.first_step, request.last_step, request.reason)
+        check_report(request.state, request.session, request.rank, request.host, request.first_step, request.last_step,
+                     request.trace_bytes, request.events, request.reason)  # fmt: skip
         known = self._known(request.request_id, request.run_id)
         run_id = known.run_id
         if known.knows(request.session, request.state):
@@ -346,7 +349,7 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         if len({r.session for r in known.reports} | {request.session}) > MAX_RANKS:
             raise QueryError("session", f"more than {MAX_RANKS} processes reported on capture {known.request_id}")
         now = now_ns()
-        report = Report(request.session, request.rank, request.host[:256], request.state, now, request.first_step,
+        report = Report(request.session, request.rank, request.host, request.state, now, request.first_step,
                         request.last_step, request.trace_bytes, request.events, request.reason)  # fmt: skip
         self.store.append("captures", _row(
             request_id=request.request_id, run_id=run_id, record="report", at=now, reason=report.reason,

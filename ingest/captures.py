@@ -16,6 +16,9 @@ MAX_STEPS = 1000
 MAX_SECONDS = 600.0
 MAX_RANKS = 4096
 MAX_TEXT = 1024
+MAX_HOST_BYTES = 256  # as a batch's host names (Limits.max_name_bytes)
+MAX_RANK = 2**31 - 1  # RANK, as a process polls and reports with it (int32)
+MAX_COUNT = 2**63 - 1  # trace bytes and events imported: what every reader takes (int64), though stored as UInt64
 # from the request until its processes hear of it (a write's answer, then Poll) and a step begins
 LEAD_NS = 3_000_000_000
 TAKE_WITHIN_NS = 60_000_000_000  # a process that has not taken a request by then never gets it
@@ -49,6 +52,8 @@ def check_request(steps: int, seconds: float, ranks: Sequence[int], reason: str)
         raise QueryError("seconds", f"{seconds}: from 0 to {MAX_SECONDS:g} s")
     if len(ranks) > MAX_RANKS:
         raise QueryError("ranks", f"{len(ranks)} ranks; at most {MAX_RANKS}")
+    for i, rank in enumerate(ranks):
+        check_range(f"ranks[{i}]", rank, 0, MAX_RANK)
     if len(reason.encode()) > MAX_TEXT:
         raise QueryError("reason", f"{len(reason.encode())} bytes; at most {MAX_TEXT}")
     if not steps and not seconds:
@@ -138,13 +143,38 @@ class CaptureRecord:
         return all(report.session != session for report in self.reports)
 
 
-def check_report(state: str, session: str, first_step: int, last_step: int, reason: str) -> None:
-    if state not in REPORT_STATES:
-        raise QueryError("state", f"{state!r}: one of {', '.join(REPORT_STATES)}")
+def check_range(field: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise QueryError(field, f"{value} is out of range: {low} to {high}")
+
+
+def check_host(field: str, host: str) -> None:
+    """A host name as a batch's: at most MAX_HOST_BYTES, and no control characters (empty: not said)."""
+    if len(host.encode()) > MAX_HOST_BYTES:
+        raise QueryError(field, f"{len(host.encode())} bytes; at most {MAX_HOST_BYTES}")
+    if not host.isprintable():
+        raise QueryError(field, f"{host[:64]!r} holds control characters")
+
+
+def check_poll(session: str, rank: int, step: int) -> None:
     if not SESSION.fullmatch(session):
         raise QueryError("session", f"{session[:64]!r} is not a session (STARTHEX.PID)")
-    if first_step < -1 or last_step < -1:  # no order between them: a loop's numbers may start over
-        raise QueryError("first_step" if first_step < -1 else "last_step", "a step number, or -1 for none")
+    check_range("rank", rank, 0, MAX_RANK)
+    check_range("step", step, -1, 2**63 - 1)
+
+
+def check_report(
+    state: str, session: str, rank: int, host: str, first_step: int, last_step: int, trace_bytes: int, events: int,
+    reason: str,
+) -> None:  # fmt: skip
+    if state not in REPORT_STATES:
+        raise QueryError("state", f"{state!r}: one of {', '.join(REPORT_STATES)}")
+    check_poll(session, rank, -1)
+    check_host("host", host)
+    for name, step in (("first_step", first_step), ("last_step", last_step)):  # unordered: numbers start over
+        check_range(name, step, -1, 2**63 - 1)
+    check_range("trace_bytes", trace_bytes, 0, MAX_COUNT)
+    check_range("events", events, 0, MAX_COUNT)
     if len(reason.encode()) > MAX_TEXT:
         raise QueryError("reason", f"{len(reason.encode())} bytes; at most {MAX_TEXT}")
 

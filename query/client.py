@@ -425,8 +425,9 @@ def captures_frame(captures: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "request_id", "run_id", "state", "asked", "outcome", "steps", "rank", "host", "trace_bytes", "events", "why",
         "vs_baseline", "reason", "requested_ns", "requested_by",
     ])  # fmt: skip
-    for column in ("rank", "trace_bytes", "events"):
-        frame[column] = frame[column].astype("Int64")
+    frame["rank"] = frame["rank"].astype("Int64")
+    for column in ("trace_bytes", "events"):  # UInt64, as stored: a value past int64 (an old record) still reads
+        frame[column] = frame[column].astype("UInt64")
     return frame
 
 

@@ -53,7 +53,7 @@ def _exact_below_2_53(
         if origin_ns is not None:
             return values.astype("Int64") - origin_ns, units.offset
         return pd.to_datetime(values.astype("Int64"), unit="ns", utc=True), show
-    return values.map(lambda v: "" if pd.isna(v) else str(v)), show
+    return values.map(lambda v: "" if pd.isna(v) else str(v)), lambda text: show(int(text)) if text else ""
 
 
 def reading(metric: str) -> Callable[[Any], str]:

@@ -1,0 +1,118 @@
+"""The Capture service at its edges, through the real server and store: every number a request carries
+is checked against what its column (or its meaning) holds, the readers take any stored value, asking
+is paced per token and run, and a rule file is read like any file named from outside."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from ingest.capture_service import _row
+from ingest.store import Store
+from tests.helpers import request
+from tracehouse.batch import BatchBuilder
+from tracehouse.cli.main import main
+from tracehouse.v1 import capture_pb2, capture_pb2_grpc, ingest_pb2_grpc
+
+PAST_INT64 = 2**63
+
+
+@pytest.fixture
+def captures(channel: grpc.Channel) -> capture_pb2_grpc.CaptureStub:
+    return capture_pb2_grpc.CaptureStub(channel)
+
+
+def refusal(call: Any, message: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as error:
+        call(message, timeout=10)
+    return error.value
+
+
+def report(**fields: Any) -> capture_pb2.CaptureReport:
+    return capture_pb2.CaptureReport(
+        **{"request_id": "cap-1", "run_id": "run-1", "session": "ab.12", "state": "imported", **fields}
+    )
+
+
+# -- numbers ------------------------------------------------------------------------------------
+
+
+def test_a_report_of_more_trace_bytes_than_int64_holds_is_refused_naming_the_field(
+    captures: capture_pb2_grpc.CaptureStub,
+) -> None:
+    refused = refusal(captures.Report, report(trace_bytes=PAST_INT64))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == f"trace_bytes: {PAST_INT64} is out of range: 0 to {PAST_INT64 - 1}"
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "said"),
+    [
+        ("Report", report(events=PAST_INT64), f"events: {PAST_INT64} is out of range: 0 to {PAST_INT64 - 1}"),
+        ("Report", report(events=2**64 - 1), "events: 18446744073709551615 is out of range"),
+        ("Report", report(rank=-1), "rank: -1 is out of range: 0 to 2147483647"),
+        ("Report", report(first_step=-2), "first_step: -2 is out of range: -1 to"),
+        ("Report", report(last_step=-(2**63)), f"last_step: {-(2**63)} is out of range: -1 to"),
+        ("Poll", capture_pb2.CapturePoll(run_id="run-1", session="ab.12", rank=-5), "rank: -5 is out of range"),
+        ("Poll", capture_pb2.CapturePoll(run_id="run-1", session="ab.12", step=-2), "step: -2 is out of range"),
+        ("Poll", capture_pb2.CapturePoll(run_id="run-1", session="nope"), "session: 'nope' is not a session"),
+        ("Request", capture_pb2.CaptureRequest(run_id="run-1", ranks=[0, 2**31]), "ranks[1]: 2147483648 is out of"),
+        ("Request", capture_pb2.CaptureRequest(run_id="run-1", steps=2**32 - 1), "steps: 4294967295 steps; at most"),
+        ("Request", capture_pb2.CaptureRequest(run_id="run-1", seconds=float("inf")), "seconds: inf: from 0 to"),
+        ("List", capture_pb2.CaptureListRequest(limit=2**32 - 1), "limit: 4294967295; at most 10000"),
+        ("Report", report(host="node\x1b[2J-7"), "host: 'node\\x1b[2J-7' holds control characters"),
+        ("Report", report(host="node\n7"), "host: 'node\\n7' holds control characters"),
+        ("Report", report(host="n" * 257), "host: 257 bytes; at most 256"),
+    ],
+)
+def test_every_number_and_name_a_capture_call_carries_is_checked(
+    captures: capture_pb2_grpc.CaptureStub, method: str, message: Any, said: str
+) -> None:
+    refused = refusal(getattr(captures, method), message)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and refused.details().startswith(said), refused.details()
+
+
+def store_old_record(store: Store, run_id: str) -> None:
+    """A request and a report as a server before these checks kept them: sizes past int64."""
+    now = time.time_ns()
+    store.append("captures", _row(request_id="cap-old", run_id=run_id, record="request", at=now, steps=10))
+    store.append("captures", _row(
+        request_id="cap-old", run_id=run_id, record="report", at=now + 1, session="ab.12", state="imported",
+        host="node-1", first_step=5, last_step=14, trace_bytes=PAST_INT64, events=2**64 - 1,
+    ))  # fmt: skip
+
+
+def test_captures_prints_a_stored_size_past_int64_in_every_format(
+    store: Store, address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store_old_record(store, "old-run")
+    outputs = {}
+    for form in ("table", "csv", "json"):
+        assert main(["captures", "--server", address, "--format", form]) == 0
+        outputs[form], err = capsys.readouterr()
+        assert not err
+    [listed] = json.loads(outputs["json"])
+    assert listed["outcomes"][0]["trace_bytes"] == PAST_INT64 and listed["outcomes"][0]["events"] == 2**64 - 1
+    assert f",{PAST_INT64},{2**64 - 1}," in outputs["csv"]
+    assert "cap-old" in outputs["table"] and "8 EiB" in outputs["table"]
+
+
+def test_the_timeline_capture_panel_shows_a_stored_size_past_int64(
+    store: Store, address: str, ingest: ingest_pb2_grpc.IngestStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_ui import open_app, shown
+
+    start = time.time_ns()
+    described = BatchBuilder("old-run/b", run_id="old-run", host="node-1")
+    described.add_events("step", [start], [start + 10], "step")
+    described.add_run(run_id="old-run", name="old", host="node-1", source="user", start=start)
+    ingest.Write(request(described), timeout=30)
+    store_old_record(store, "old-run")
+    app = open_app(address, monkeypatch, "timeline", run="old-run")
+    [table] = app.dataframe
+    row = shown(table).iloc[0]
+    assert row["outcome"] == "imported" and row["steps"] == "5 to 14" and row["trace"] == "8 EiB", dict(row)
