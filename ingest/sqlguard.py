@@ -71,6 +71,26 @@ def refusal(lines: Sequence[str], output_format: str, database: str, databases: 
     return None
 
 
+# a type that is an aggregate function's state (bytes of the engine's memory, its addresses among them),
+# or that may hold one whatever its name says (Dynamic, Variant, JSON), anywhere inside a column's type
+_STATE_TYPE = re.compile(r"\b(?:Simple)?AggregateFunction\(|\bDynamic\b|\bVariant\(|\bJSON\b|\bObject\(")
+
+
+def state_refusal(columns: Iterable[tuple[str, str]]) -> str | None:
+    """Why a result of these (name, type) columns, as the engine types it, is refused: a column that
+    holds aggregate function states. None when every column holds values."""
+    for name, type_name in columns:
+        if _STATE_TYPE.search(type_name):
+            shown, typed = _shown(name), _shown(type_name)
+            named = shown if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", shown) else "`" + shown.replace("`", "\\`") + "`"
+            return (
+                f"sql: column {shown!r} is {typed}, which holds aggregate function states (the engine's memory, "
+                f"not values): answer their values, e.g. finalizeAggregation({named}) or a -Merge aggregate "
+                "(sumMerge of sumState), or cast it to a plain type"
+            )
+    return None
+
+
 def _node_refusal(kind: str, rest: str, table_position: bool, database: str, others: list[str]) -> str | None:
     if kind not in NODE_TYPES:
         return _WORDS.get(kind, kind)

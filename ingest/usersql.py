@@ -101,6 +101,16 @@ class UserSql:
         reason = sqlguard.refusal(lines, _AST_FORMAT, self.location.database, databases)
         if reason:
             raise SqlRejected("readonly", reason)
+        self._refuse_states(text, sql, started)
+
+    def _refuse_states(self, text: str, sql: str, started: float) -> None:
+        """Refuse a result whose columns, as the engine types them, hold aggregate function states."""
+        settings = {"max_execution_time": self.limits.sql_max_seconds, "readonly": 1}
+        with self._user_client(settings, sql, started, f"DESCRIBE TABLE ({_head(text, sql)}") as client:
+            columns = client.query(f"DESCRIBE TABLE ({text})").result_rows
+        reason = sqlguard.state_refusal((str(row[0]), str(row[1])) for row in columns)
+        if reason:
+            raise SqlRejected("invalid", reason)
 
     def _run_user_sql(self, text: str, sql: str, max_rows: int, started: float) -> bytes:
         limits = self.limits
