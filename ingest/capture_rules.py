@@ -26,9 +26,10 @@ import collections
 import fnmatch
 import json
 import logging
+import math
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,15 @@ import pyarrow.compute as pc
 import yaml
 
 from ingest.captures import DEFAULT_STEPS, MAX_STEPS, CaptureRecord, Report
+from tracehouse.regularfile import FileRefused, read_regular
 from tracehouse.timefmt import now_ns, parse_duration
 from tracehouse.units import duration
 
 log = logging.getLogger("tracehouse.capture.rules")
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RULE_KEYS = frozenset({"name", "metric", "below", "above", "baseline", "phase", "for", "steps", "every", "runs"})
 MAX_RULES = 100
+MAX_FILE_BYTES = 256 << 10  # a hundred rules with comments take tens of KiB; larger is refused unread
+MAX_NUMBER_CHARS = 32  # a number written longer says nothing a rule needs (and int() of 5000 digits refuses)
 QUEUED_BATCHES = 1000  # past this, samples wait for nobody: a rule misses them, the writes never wait
 RETRY_NS = 10_000_000_000  # after asking a host's runs (or being refused), the rule looks at that host again after this
 BASELINE_RETRY_NS = 60_000_000_000  # a baseline without samples is read again after this
@@ -81,6 +84,39 @@ class RuleError(ValueError):
 
 
 @dataclass(frozen=True)
+class _Unreadable:
+    """A value the loader would not turn into a number; the rule that holds it is refused, naming its key."""
+
+    reason: str
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader, refusing a key repeated in one mapping and keeping overlong numbers as _Unreadable."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in seen:
+                raise RuleError(f"line {line}: key {key!r} repeats (first on line {seen[key]}); give each key once")
+            if isinstance(key, Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+    def construct_number(self, node: yaml.ScalarNode) -> Any:
+        if len(node.value) > MAX_NUMBER_CHARS:
+            return _Unreadable(f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}")
+        if node.tag.endswith(":int"):
+            return self.construct_yaml_int(node)
+        return self.construct_yaml_float(node)
+
+
+for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+    _Loader.add_constructor(_tag, _Loader.construct_number)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     metric: str
@@ -102,21 +138,30 @@ class Rule:
 
 
 def load_rules(path: Path) -> list[Rule]:
-    where = f"--capture-rule {path}"
+    """The rules of a file named by --capture-rule: a regular file of at most MAX_FILE_BYTES (a FIFO or a
+    device is refused before anything blocks or is read)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise RuleError(f"{where}: cannot read it ({error})") from None
-    return parse_rules(text, where)
+        text = read_regular(path, MAX_FILE_BYTES).decode()
+    except FileRefused as refused:
+        raise RuleError(f"--capture-rule {refused}") from None
+    except UnicodeDecodeError:
+        raise RuleError(f"--capture-rule {path}: not UTF-8 text") from None
+    return parse_rules(text, f"--capture-rule {path}")
 
 
 def parse_rules(text: str, where: str) -> list[Rule]:
+    if len(text) > MAX_FILE_BYTES:
+        raise RuleError(f"{where}: {len(text):,} characters; a rule file holds at most {MAX_FILE_BYTES:,} bytes")
     try:
-        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_LOADER)):
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_Loader)):
             raise RuleError(f"{where}: aliases (*name) are not supported")
-        document = yaml.load(text, Loader=_LOADER)
+        document = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as error:
-        raise RuleError(f"{where}: not YAML: {error}") from None
+        raise RuleError(f"{where}: not YAML: {' '.join(str(error).split())}") from None
+    except RuleError as error:
+        raise RuleError(f"{where}: {error}") from None
+    except RecursionError:
+        raise RuleError(f"{where}: nested too deeply for a rule file") from None
     if not isinstance(document, dict) or set(document) != {"rules"} or not isinstance(document["rules"], list):
         raise RuleError(f"{where}: expected a mapping with one key, 'rules', holding a list of rules")
     entries = document["rules"]
@@ -135,6 +180,10 @@ def _rule(entry: Any, where: str) -> Rule:
     unknown = sorted(str(key) for key in entry if key not in RULE_KEYS)
     if unknown:
         raise RuleError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(RULE_KEYS))}")
+    named = f" ({entry['name']})" if isinstance(entry.get("name"), str) and len(entry["name"]) <= 256 else ""
+    for key, value in entry.items():
+        if isinstance(value, _Unreadable):
+            raise RuleError(f"{where}{named}: {key!r}: {value.reason}")
     for key in ("name", "metric"):
         if not isinstance(entry.get(key), str) or not entry[key].strip() or len(entry[key]) > 256:
             raise RuleError(f"{where}: {key!r} is required: 1 to 256 characters of text")
@@ -143,12 +192,15 @@ def _rule(entry: Any, where: str) -> Rule:
         raise RuleError(f"{where}: give one of 'below' and 'above'")
     side = "below" if "below" in entry else "above"
     limit = entry[side]
-    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit != limit:
-        raise RuleError(f"{where}: {side!r} must be a number")
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not math.isfinite(limit):
+        raise RuleError(f"{where}: {side!r} must be a number (a finite one)")
     texts = {key: entry.get(key, "") for key in ("baseline", "phase", "runs")}
     for key, value in texts.items():
         if not isinstance(value, str) or len(value) > 256:
             raise RuleError(f"{where}: {key!r} must be text of at most 256 characters")
+    if texts["phase"] and not texts["baseline"]:
+        raise RuleError(f"{where}: 'phase' needs a 'baseline': the means inside a phase are compared with the "
+                        "baseline run's inside it")  # fmt: skip
     durations = {}
     for key, default in (("for", "30s"), ("every", "10m")):
         try:

@@ -5,7 +5,11 @@ is paced per token and run, and a rule file is read like any file named from out
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +23,7 @@ from tracehouse.cli.main import main
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc, ingest_pb2_grpc
 
 PAST_INT64 = 2**63
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -116,3 +121,77 @@ def test_the_timeline_capture_panel_shows_a_stored_size_past_int64(
     [table] = app.dataframe
     row = shown(table).iloc[0]
     assert row["outcome"] == "imported" and row["steps"] == "5 to 14" and row["trace"] == "8 EiB", dict(row)
+
+
+# -- rule files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{rules: [{name: a, metric: m, below: 1, phase: fwd}]}", "rule 1 (a): 'phase' needs a 'baseline'"),
+        (
+            "rules:\n  - name: a\n    metric: m\n    below: 1\n    below: 2\n",
+            "line 5: key 'below' repeats (first on line 4)",
+        ),
+        ("rules: []\nrules: [{name: a}]\n", "line 2: key 'rules' repeats (first on line 1)"),
+        (
+            "rules:\n  - name: a\n    metric: m\n    below: " + "9" * 5000,
+            "rule 1 (a): 'below': a number of 5000 characters",
+        ),
+        (
+            "{rules: [{name: a, metric: m, below: 1, steps: " + "1" * 5000 + "}]}",
+            "rule 1 (a): 'steps': a number of 5000",
+        ),
+        ("{rules: [{name: a, metric: m, above: .inf}]}", "rule 1 (a): 'above' must be a number (a finite one)"),
+        ("rules: " + "[" * 10_000, "not YAML: "),
+    ],
+)
+def test_a_rule_file_is_refused_naming_the_file_the_rule_and_the_key(tmp_path: Path, text: str, said: str) -> None:
+    from ingest.capture_rules import RuleError, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(text)
+    with pytest.raises(RuleError) as refused:
+        load_rules(rules)
+    message = str(refused.value)
+    assert message.startswith(f"--capture-rule {rules}: {said}") and "\n" not in message, message
+
+
+def test_a_rule_file_too_large_is_refused_by_its_size_before_it_is_read(tmp_path: Path) -> None:
+    from ingest.capture_rules import RuleError, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    with rules.open("wb") as file:
+        file.truncate(34_000_000)  # sparse: nothing to read is written
+    with pytest.raises(RuleError, match=r"34,000,000 bytes, more than the 262,144 allowed"):
+        load_rules(rules)
+
+
+@pytest.mark.parametrize(
+    ("option", "what"),
+    [
+        ("--capture-rule", "fifo"),
+        ("--capture-rule", "/dev/zero"),
+        ("--tokens", "fifo"),
+        ("--tls-cert", "fifo"),
+        ("--store-password-file", "fifo"),
+    ],
+)
+def test_serve_refuses_a_fifo_or_a_device_for_a_file_option_at_once(tmp_path: Path, option: str, what: str) -> None:
+    named = tmp_path / "fifo"
+    os.mkfifo(named)
+    path = named if what == "fifo" else Path(what)
+    extra = ["--tls-key", str(named)] if option == "--tls-cert" else []
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tracehouse.cli", "serve", "--store", f"chdb://{tmp_path / 'store'}", "--listen",
+         "127.0.0.1:0", option, str(path), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    kind = "a FIFO" if what == "fifo" else "a character device"
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    said = done.stderr  # one line, no traceback
+    assert said.startswith(f"tracehouse: {option} {path}: ") and said.endswith(f"not a regular file ({kind})\n"), said
+    assert said.count("\n") == 1
+    assert time.monotonic() - started < 20

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from tracehouse.regularfile import FileRefused, read_regular
 from tracehouse.scopes import CALLER, Grant
 
 log = logging.getLogger("tracehouse.security")
@@ -42,6 +43,8 @@ MIN_TOKEN_CHARS = 16
 BOUND_KEYS = ("hosts", "runs")
 RUN_PREFIX = re.compile(r"[A-Za-z0-9._:/-]+")  # what a run id is made of (ingest/validate.py)
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters
+MAX_TOKENS_FILE_BYTES = 4 << 20  # tens of thousands of tokens; a larger file (or /dev/zero) is refused unread
+MAX_PEM_BYTES = 1 << 20  # a certificate chain or a CA bundle
 
 # What each service needs; a method of any other service needs both read and write.
 HEALTH_PREFIX = "/grpc.health.v1.Health/"  # open: load balancers and probes carry no token
@@ -175,8 +178,10 @@ def parse_tokens(text: str, source: str = "--tokens") -> Tokens:
 
 def load_tokens(path: Path) -> Tokens:
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_regular(path, MAX_TOKENS_FILE_BYTES).decode()
+    except FileRefused as refused:
+        raise SecurityError(f"--tokens {path}: cannot read it: {error_reason(refused, path)}") from None
+    except UnicodeDecodeError as error:
         raise SecurityError(f"--tokens {path}: cannot read it: {error_reason(error)}") from None
     tokens = parse_tokens(text, f"--tokens {path}")
     if path.stat().st_mode & 0o007:  # a group may need it: Kubernetes mounts secrets 0440
@@ -184,16 +189,17 @@ def load_tokens(path: Path) -> Tokens:
     return tokens
 
 
-def error_reason(error: Exception) -> str:
+def error_reason(error: Exception, path: Path | None = None) -> str:
     """Why a file could not be read, without the path (the message names it with its option)."""
-    return (error.strerror if isinstance(error, OSError) else None) or str(error)
+    text = (error.strerror if isinstance(error, OSError) else None) or str(error)
+    return text.removeprefix(f"{path}: ") if path is not None else text
 
 
 def read_pem(path: Path, flag: str) -> bytes:
     try:
-        return path.read_bytes()
-    except OSError as error:
-        raise SecurityError(f"{flag} {path}: cannot read it: {error_reason(error)}") from None
+        return read_regular(path, MAX_PEM_BYTES)
+    except FileRefused as refused:
+        raise SecurityError(f"{flag} {path}: cannot read it: {error_reason(refused, path)}") from None
 
 
 def _date(moment: dt.datetime) -> str:

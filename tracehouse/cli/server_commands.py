@@ -158,14 +158,15 @@ def _store_url(args: argparse.Namespace) -> str:
     import os
 
     from ingest.store import with_password
+    from tracehouse.regularfile import FileRefused, read_regular
 
     url = getattr(args, "store", None) or config.default_store_url()
     path = getattr(args, "store_password_file", None)
     if path is not None:
         try:
-            return with_password(url, path.read_text().rstrip("\r\n"))
-        except OSError as error:
-            raise ValueError(f"--store-password-file {path}: {error.strerror}") from None
+            return with_password(url, read_regular(path, 64 << 10).decode().rstrip("\r\n"))
+        except FileRefused as refused:
+            raise ValueError(f"--store-password-file {refused}") from None
         except UnicodeDecodeError:
             raise ValueError(f"--store-password-file {path}: not UTF-8 text") from None
     password = os.environ.get(config.ENV_STORE_PASSWORD)
