@@ -83,10 +83,33 @@ def _times(frame: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return frame
 
 
+def _not_utf8(column: pa.ChunkedArray) -> bool:
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return False
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:
+        return True
+    return False
+
+
+def _text_or_bytes(value: bytes | None) -> str | bytes | None:
+    try:
+        return value.decode() if value is not None else None
+    except UnicodeDecodeError:
+        return value
+
+
 def to_frame(table: pa.Table) -> pd.DataFrame:
     """A DataFrame that keeps integers exact: an integer column with gaps becomes pandas'
-    nullable Int64, not float64 (which would round ns timestamps)."""
+    nullable Int64, not float64 (which would round ns timestamps). A string that is not UTF-8
+    (SQL's unhex, say) stays its bytes, exact, in a text column."""
+    broken = [name for name, column in zip(table.column_names, table.columns, strict=True) if _not_utf8(column)]
+    for name in broken:
+        table = table.set_column(table.column_names.index(name), name, table.column(name).cast(pa.binary()))
     frame = table.to_pandas()
+    for name in broken:
+        frame[name] = pd.Series([_text_or_bytes(v) for v in frame[name]], index=frame.index, dtype=object)
     for name, column in zip(table.column_names, table.columns, strict=True):
         if column.null_count and pa.types.is_integer(column.type):
             frame[name] = pd.array(

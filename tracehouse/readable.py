@@ -7,6 +7,7 @@ The answer itself is never changed: programs read exact ns and bytes from it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,30 @@ WORDS = {"avg": "avg", "med": "median", "min": "min", "max": "max", "stddev": "s
          "delta": "Δ", "p90": "p90", "p95": "p95", "p99": "p99", "gpu": "GPU", "sm": "SM", "mem": "mem",
          "util": "util", "a": "A", "b": "B", "nvtx": "NVTX", "api": "API", "pid": "pid", "tid": "tid"}  # fmt: skip
 UNIT_TOKENS = {"ns", "bytes", "s", "j", "w", "mhz", "c"}
+
+
+# what a person must never read raw: control characters (C0, DEL, C1), the line and paragraph separators,
+# and the bidi controls that reorder what is shown around them (U+202E writes the rest right to left)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def for_people(text: str) -> str:
+    """Text as a person reads it safely: one line, in the order it was written, its control and bidi
+    characters escaped (`\\n`, `\\x1b`, `\\u202e`). Every table for people shows text through this."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def bytes_text(data: bytes) -> str:
+    """A value that is not UTF-8 text (SQL's unhex, say), shown as its bytes in every format: printable
+    ASCII as it is, a backslash doubled, every other byte escaped (`\\xff`)."""
+    return "".join("\\\\" if byte == 0x5C else chr(byte) if 0x20 <= byte < 0x7F else f"\\x{byte:02x}" for byte in data)
 
 
 def column_kind(name: str, values: pd.Series | None = None) -> str:
@@ -73,14 +98,16 @@ def header(name: str, kind: str) -> str:
 
 def _plain(value: Any) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
+        return for_people(", ".join(f"{k}={v}" for k, v in sorted(value.items())))
     if isinstance(value, list | tuple):
-        return ", ".join(str(v) for v in value)
+        return for_people(", ".join(str(v) for v in value))
+    if isinstance(value, bytes):
+        return bytes_text(value)
     if units.missing(value):
         return ""
     if isinstance(value, float):
         return units.significant(value, 4)
-    return str(value)
+    return for_people(str(value))
 
 
 def _instant(origin_ns: int | None) -> Formatter:
@@ -120,7 +147,7 @@ def formatters(frame: pd.DataFrame, origin_ns: int | None = None) -> dict[str, F
 
 def headers(frame: pd.DataFrame) -> dict[str, str]:
     """Each column's header for people; distinct, as the answer's names are."""
-    texts = {str(c): header(str(c), column_kind(str(c), frame[c])) for c in frame.columns}
+    texts = {str(c): for_people(header(str(c), column_kind(str(c), frame[c]))) for c in frame.columns}
     clashing = {text for text in texts.values() if list(texts.values()).count(text) > 1}
     return {column: column if text in clashing else text for column, text in texts.items()}
 
@@ -145,7 +172,7 @@ def readable(
             cells[column] = _metric_cells(shown, column)
         elif column in NAME_COLUMNS and name_width is not None:
             labels = unique_short_names([str(v) for v in shown[column] if isinstance(v, str)], name_width)
-            cells[column] = [labels.get(v, _plain(v)) if isinstance(v, str) else _plain(v) for v in shown[column]]
+            cells[column] = [for_people(labels[v]) if isinstance(v, str) else _plain(v) for v in shown[column]]
         else:
             cells[column] = [show(v) for v in shown[column]]
     names = headers(shown)

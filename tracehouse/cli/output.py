@@ -2,14 +2,15 @@
 
 A table reads as a person reads it (tracehouse.readable): human units, blank where a value is missing,
 headers in words, unique short names, numbers right-aligned; internal ids and wide maps (attrs, extras)
-only with `wide`, which also prints names whole. JSON and CSV keep every value exact: times and
-durations as integer ns, sizes as bytes.
+only with `wide`, which also prints names whole; control and bidi characters escaped (`\\u202e`), so that
+no name reorders or hides what is around it. JSON and CSV keep every value exact: times and durations as
+integer ns, sizes as bytes, text as it is. A value that is not UTF-8 text reads as its bytes escaped (`\\xff`)
+in every format (tracehouse.readable.bytes_text).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from datetime import date, time
 from decimal import Decimal
@@ -19,12 +20,11 @@ from uuid import UUID
 import numpy as np
 import pandas as pd
 
-from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, column_kind, readable
+from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, bytes_text, column_kind, readable
 
 FORMATS = ("table", "json", "csv")
 WIDE_ONLY = ("attrs", "extras")  # maps of any width: in --wide, JSON and CSV
 MAX_CELL = 48  # other text cut to this in a table (names get unique short forms instead)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _time_columns(frame: pd.DataFrame) -> list[str]:
@@ -57,7 +57,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        return bytes_text(value)
     if isinstance(value, Decimal):  # exact: an integer as a number, a fraction as its decimal text
         return int(value) if value == value.to_integral_value() else str(value)
     if isinstance(value, UUID | date | time):
@@ -70,7 +70,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _cell(text: str, cut: bool) -> str:
-    text = _CONTROL.sub("\ufffd", text)  # one row per line, whatever a trace's strings hold
     return text[: MAX_CELL - 1] + "…" if cut and len(text) > MAX_CELL else text
 
 
@@ -128,7 +127,11 @@ def render(frame: pd.DataFrame, fmt: str, out: TextIO | None = None, wide: bool 
         json.dump([{k: _jsonable(v) for k, v in row.items()} for row in records], out)
         out.write("\n")
     elif fmt == "csv":
-        _as_ns(frame).to_csv(out, index=False)
+        exact = _as_ns(frame)
+        for column in exact.columns:
+            if pd.api.types.is_object_dtype(exact[column].dtype):
+                exact[column] = exact[column].map(lambda v: bytes_text(v) if isinstance(v, bytes) else v)
+        exact.to_csv(out, index=False)
     elif fmt == "table":
         out.write(table_text(frame, wide))
     else:
