@@ -36,7 +36,9 @@ from ingest.schema import Layout, render, retention_ddl, ttl_expression
 from ingest.storeerrors import (
     BatchConflict,
     BatchRefused,
+    QueryTooLarge,
     SqlRejected,
+    StoreBusy,
     StoreError,
     StoreNotWritable,
     StoreUnavailable,
@@ -47,13 +49,16 @@ from ingest.storefolder import held_by_another_process, not_writable
 from ingest.usersql import UserSql, ipc_bytes
 from ingest.validate import ValidatedBatch
 from tracehouse.model import Limits
+from tracehouse.units import size
 
 __all__ = [
     "TABLES",
     "BatchConflict",
     "BatchRefused",
+    "QueryTooLarge",
     "SqlRejected",
     "Store",
+    "StoreBusy",
     "StoreError",
     "StoreLocation",
     "StoreNotWritable",
@@ -76,6 +81,9 @@ _BAD_DATA = {
 _NOT_WRITABLE_CODES = {242, 243}  # TABLE_IS_READ_ONLY, NOT_ENOUGH_SPACE
 _NOT_WRITABLE_TEXT = re.compile(r"Read-only file system|Permission denied|Operation not permitted|No space left")
 _MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
+_TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
+_MEMORY = 241  # MEMORY_LIMIT_EXCEEDED
+BUSY_RETRY_MS = 1000  # what a read refused for want of a place is told to wait
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,10 @@ class Claim:
         return outcome
 
 
+class _PoolFull(Exception):
+    """Every client of a pool stayed taken for as long as the caller would wait."""
+
+
 class _ClientPool:
     """A few clients shared by threads; a client that failed is closed and replaced,
     since a failed query can leave unread data on its connection."""
@@ -119,8 +131,11 @@ class _ClientPool:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def client(self) -> Iterator[Client]:
-        with self._slots:
+    def client(self, wait_s: float | None = None) -> Iterator[Client]:
+        """A client once one is free, waited for `wait_s` at most (None: as long as it takes)."""
+        if not self._slots.acquire(timeout=wait_s):
+            raise _PoolFull
+        try:
             try:
                 client = self._idle.get_nowait()
             except queue.Empty:
@@ -135,6 +150,8 @@ class _ClientPool:
             finally:
                 if client in self._all:
                     self._idle.put(client)
+        finally:
+            self._slots.release()
 
     def _discard(self, client: Client) -> None:
         with self._lock:
@@ -166,7 +183,12 @@ class Store:
         self.limits = limits
         self.layout = Layout(location.database, cluster, shards_by, dict(retention or {}))
         self.db = self.layout.db
-        self._pool = _ClientPool(self._connect, pool_size)
+        # writes (and the reads they need) have clients that no reader can take; tracehouse's own reads
+        # have at most query_max_concurrent others, each a session of its own that keeps its bounds
+        self._writers = _ClientPool(self._connect, pool_size)
+        self._readers = _ClientPool(
+            lambda: self._connect(_reader_settings(limits)), max(1, limits.query_max_concurrent)
+        )
         self._write_lock = threading.Lock()  # a batch written twice at once is stored once
         self._claimed: dict[str, tuple[Group, threading.Event]] = {}  # batch id -> its group, being stored
         self._done: list[int] = []  # groups finished here and not yet marked done in ingest_pending
@@ -285,19 +307,53 @@ class Store:
 
     @contextlib.contextmanager
     def _client(self, failure: type[StoreError] = StoreUnavailable) -> Iterator[Client]:
-        """A pooled client; a connection failure is StoreUnavailable, an engine error `failure`."""
+        """A writer's client; a connection failure is StoreUnavailable, an engine error `failure`."""
+        with self._engine_errors(failure), self._writers.client() as client:
+            yield client
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[Client]:
+        """A client for one of tracehouse's own reads: one of query_max_concurrent places, waited for
+        query_queue_seconds at most, then StoreBusy; past its time or memory, QueryTooLarge."""
+        limits = self.limits
+        started = time.monotonic()
         try:
-            with self._pool.client() as client:
+            with self._engine_errors(StoreError, started), self._readers.client(limits.query_queue_seconds) as client:
                 yield client
+        except _PoolFull:
+            raise StoreBusy(
+                f"busy: as many reads are running as may at once ({limits.query_max_concurrent}): "
+                f"try again in {BUSY_RETRY_MS / 1000:g} s",
+                BUSY_RETRY_MS,
+            ) from None
+
+    @contextlib.contextmanager
+    def _engine_errors(self, failure: type[StoreError], read_since: float | None = None) -> Iterator[None]:
+        """The engine's errors as the store's: a connection failure is StoreUnavailable, an engine error
+        `failure`, a read's (started at `read_since`) bound on time or memory QueryTooLarge."""
+        try:
+            yield
         except OperationalError as error:
             raise StoreUnavailable(f"store {self.location.display}: {clean_error(error)}") from error
         except ClickHouseError as error:
-            if error_code(error) in _NOT_WRITABLE_CODES or _NOT_WRITABLE_TEXT.search(str(error)):
+            code = error_code(error)
+            if code in _NOT_WRITABLE_CODES or _NOT_WRITABLE_TEXT.search(str(error)):
                 fault = self._not_writable()
                 if fault is not None:
                     raise self._folder_fault(fault) from error
                 failure = StoreUnavailable
+            elif read_since is not None and (code in _TIMEOUT or code == _MEMORY):
+                raise QueryTooLarge(self._too_large(code, time.monotonic() - read_since)) from error
             raise failure(f"store {self.location.display}: {clean_error(error)}") from error
+
+    def _too_large(self, code: int | None, seconds: float) -> str:
+        limits = self.limits
+        if code == _MEMORY:
+            share = size(limits.query_max_memory_bytes // max(1, limits.query_max_concurrent))
+            what = f"needed more than its {share} of memory (reads at once share {size(limits.query_max_memory_bytes)})"
+        else:
+            what = f"ran past the {limits.query_max_seconds:g} s limit of one read ({seconds:.1f} s)"
+        return f"the query {what}: ask about a shorter window, fewer runs or fewer points"
 
     # -- schema -------------------------------------------------------------------------
 
@@ -669,15 +725,18 @@ class Store:
     # -- reads --------------------------------------------------------------------------
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
-        """Run one of tracehouse's own queries; `{db}` in the text names the database."""
+        """Run one of tracehouse's own reads; `{db}` in the text names the database. At most
+        query_max_concurrent at once, each within query_max_seconds and its share of
+        query_max_memory_bytes: StoreBusy when no place frees soon, QueryTooLarge past a bound."""
         self.ensure_ready()
         if not self.materialized_cte:
             sql = without_materialized_cte(sql)
-        with self._client(failure=StoreError) as client:
+        with self._reader() as client:
             return client.query_arrow(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
 
     def execute(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
-        """Run one of tracehouse's own statements that answers nothing (benchmarks fill the store so)."""
+        """Run one of tracehouse's own statements that answers nothing (the keeper's, benchmarks' fills):
+        a write, on a writer's client."""
         self.ensure_ready()
         with self._client(failure=StoreError) as client:
             client.command(sql.replace("{db}", self.db), parameters=dict(parameters or {}))
@@ -711,7 +770,8 @@ class Store:
 
     def close(self) -> None:
         self._closed = True
-        self._pool.close()
+        self._writers.close()
+        self._readers.close()
 
     def __enter__(self) -> Store:
         return self
@@ -746,6 +806,15 @@ class Store:
                 parameters={"ids": run_ids},
             ).result_rows
         )
+
+
+def _reader_settings(limits: Limits) -> dict[str, Any]:
+    """What each reader's session keeps: its bounds (its clients run nothing else)."""
+    return {
+        "max_execution_time": limits.query_max_seconds,
+        "max_memory_usage": limits.query_max_memory_bytes // max(1, limits.query_max_concurrent),
+        "max_threads": limits.query_max_threads or max(1, len(os.sched_getaffinity(0)) // 2),
+    }
 
 
 def without_materialized_cte(sql: str) -> str:

@@ -16,6 +16,19 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached or failed; retrying later is safe."""
 
 
+class StoreBusy(StoreUnavailable):
+    """Every place for tracehouse's own reads is taken (writes have places of their own): a read
+    retried in about `retry_ms` finds one."""
+
+    def __init__(self, message: str, retry_ms: int) -> None:
+        super().__init__(message)
+        self.retry_ms = retry_ms
+
+
+class QueryTooLarge(StoreError):
+    """One of tracehouse's own reads ran past its bound on time or memory; the store is fine."""
+
+
 class StoreNotWritable(StoreUnavailable):
     """The embedded store's folder refuses writes. The message says so without the path (it
     goes to clients); `folder` and `cause` are for the operator."""

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
-from ingest.storeerrors import StoreError, StoreUnavailable
+from ingest.storeerrors import QueryTooLarge, StoreError, StoreUnavailable
 from query import analysis, lanes, sql, verdict
 from query.compare_answer import compare_table
 from query.keeper import kept_phases
@@ -406,7 +406,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         ).check()
         try:  # the engine's own regular expressions (RE2) decide
             self.store.query("SELECT match('', {pattern:String}) AS matched", {"pattern": options.step_pattern})
-        except StoreUnavailable:
+        except (StoreUnavailable, QueryTooLarge):  # busy, or past a bound: not the pattern's fault
             raise
         except StoreError:
             raise QueryError("step_pattern", "not a regular expression RE2 accepts (RE2 has no look-around, "

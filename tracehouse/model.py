@@ -80,6 +80,12 @@ class Limits:
     sql_max_memory_bytes: int = 4 << 30  # all user SQL together: each query at once gets its share
     sql_max_concurrent: int = 2  # user SQL queries running at once, every caller together
     sql_queue_seconds: float = 2.0  # a further query waits this long for a place, then is refused
+    # tracehouse's own reads (the Query service, the keeper, capture rules); writes have clients of their own
+    query_max_concurrent: int = 4  # at once, every caller together
+    query_queue_seconds: float = 0.5  # a further read waits this long for a place, then is refused
+    query_max_seconds: float = 60.0  # one read
+    query_max_memory_bytes: int = 4 << 30  # all of them together: each read at once gets its share
+    query_max_threads: int = 0  # engine threads one read may use; 0: half this machine's cores
 
 
 DEFAULT_LIMITS = Limits()

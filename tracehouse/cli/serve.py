@@ -34,8 +34,10 @@ from ingest.service import IngestService
 from ingest.store import (
     BatchConflict,
     BatchRefused,
+    QueryTooLarge,
     SqlRejected,
     Store,
+    StoreBusy,
     StoreError,
     StoreNotWritable,
     StoreUnavailable,
@@ -46,7 +48,7 @@ from query.keeper import Keeper
 from query.service import QueryService
 from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
-from tracehouse.pushback import TRANSPORT_MAX_BYTES
+from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
 from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure, is_loopback
 from tracehouse.v1 import capture_pb2, ingest_pb2, query_pb2
 
@@ -100,6 +102,8 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.ALREADY_EXISTS, str(error)
     if isinstance(error, Overloaded):  # the retry hint rides in a trailer the service set
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, StoreBusy | QueryTooLarge):  # a busy store's retry hint: a trailer the handler sets
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, SqlRejected):
         return SQL_REJECTION_CODES[error.reason], public_message(str(error))
     if isinstance(error, BatchRefused):
@@ -137,6 +141,8 @@ def _method_handler(
             return behavior(request, context, data) if pass_encoded else behavior(request, context)
         except Exception as error:
             code, message = status_for(error)
+            if isinstance(error, StoreBusy):
+                context.set_trailing_metadata(((PUSHBACK_KEY, str(error.retry_ms)),))
             context.abort(code, message)
 
     return grpc.unary_unary_rpc_method_handler(

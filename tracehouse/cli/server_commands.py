@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,15 @@ def _add_serve(commands: Any) -> None:
             "(default %(default)s)",
         )
         parser.add_argument(
+            "--query-max-concurrent",
+            type=_positive,
+            default=DEFAULT_LIMITS.query_max_concurrent,
+            metavar="N",
+            help="the server's own reads (queries, the UI) running at once; past it a read waits "
+            f"{DEFAULT_LIMITS.query_queue_seconds:g} s for a place, then is told to retry; writes never wait for "
+            "reads (default %(default)s)",
+        )
+        parser.add_argument(
             "--capture-rule",
             type=Path,
             default=None,
@@ -216,7 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return serve(
             store,
             args.listen,
-            DEFAULT_LIMITS,
+            replace(DEFAULT_LIMITS, query_max_concurrent=args.query_max_concurrent),
             getattr(args, "grace", 30.0),
             on_ready=up.start if up else None,
             on_stop=up.stop if up else None,
