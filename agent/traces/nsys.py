@@ -47,11 +47,10 @@ from agent.traces.nsys_sources import (
     find_sources,
 )
 from agent.traces.nsys_sources import MEMCPY_KINDS as MEMCPY_KINDS  # for those who import it from here
-from agent.traces.nsys_strings import clean_strings, cut, decoded, sqlite_text
+from agent.traces.nsys_strings import MAX_STRING, clean_strings, cut, decoded, sqlite_text, text_sql
 from agent.traces.tracefile import MAX_EVENT_NS, MAX_TIME_NS, SQLITE_MAGIC, TraceFileError, check_regular
 from tracehouse.model import DEFAULT_LIMITS
 
-MAX_STRING = DEFAULT_LIMITS.max_string_bytes  # longer strings are cut, as Kineto's are
 MAX_NAME = DEFAULT_LIMITS.max_name_bytes  # host, metric and GPU names
 CHUNK_ROWS = 65_536  # rows per batch; batch ids depend on it, so it is part of the format
 _VERSION_IN_PATH = re.compile(r"[Nn]sight[-_ ][Ss]ystems[/-](\d{4}\.\d+(?:\.\d+)*)")
@@ -144,7 +143,7 @@ class Export:
         """StringIds as one Arrow array indexed by id: names travel as ids and are looked up
         in Arrow, not joined row by row in SQL. Memory grows with distinct strings only."""
         self._check({"StringIds"}, 0, 0)
-        sql = "SELECT id, CAST(value AS TEXT) AS value FROM StringIds ORDER BY id"
+        sql = f"SELECT id, {text_sql('value')} AS value FROM StringIds ORDER BY id"
         with contextlib.closing(adbc.AdbcConnection(self._database)) as own:  # the other is linking API calls
             batches = list(self._read(sql, "StringIds", own))
         if not batches:
@@ -217,16 +216,18 @@ class Export:
         self._check(None, offset, len(self.strings))
         metadata = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if has(t, "name", "value")), None)
         version = schema = ""
+        value = text_sql("value", MAX_NAME)
         if metadata:
-            version = self._value(f"SELECT value FROM {metadata} WHERE name = 'EXPORT_PRODUCT_VERSION'") or ""
-            schema = self._value(f"SELECT value FROM {metadata} WHERE name = 'EXPORT_SCHEMA_VERSION'") or ""
+            version = self._value(f"SELECT {value} FROM {metadata} WHERE name = 'EXPORT_PRODUCT_VERSION'") or ""
+            schema = self._value(f"SELECT {value} FROM {metadata} WHERE name = 'EXPORT_SCHEMA_VERSION'") or ""
         if not version:
             version = self._version_from_paths()
         host = command = ""
         if has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
-            host = self._value("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'") or ""
+            host = self._value(f"SELECT {value} FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'") or ""
         if has("META_DATA_CAPTURE", "name", "value"):
-            command = self._value("SELECT value FROM META_DATA_CAPTURE WHERE name = 'PROCESS_0:COMMAND'") or ""
+            command = self._value(f"SELECT {text_sql('value', 4096)} FROM META_DATA_CAPTURE "
+                                  "WHERE name = 'PROCESS_0:COMMAND'") or ""  # fmt: skip
         return Session(
             digest=_digest(self.path),
             size=self._stat.st_size,
@@ -255,9 +256,10 @@ class Export:
         return int(row[1])
 
     def _version_from_paths(self) -> str:
-        sources = ["SELECT value FROM StringIds WHERE value LIKE '%ight%ystems%' LIMIT 50"]
+        value = text_sql("value", 4096)
+        sources = [f"SELECT {value} FROM StringIds WHERE value LIKE '%ight%ystems%' LIMIT 50"]
         if self.inspection.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
-            sources.insert(0, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'TargetInstallDir'")
+            sources.insert(0, f"SELECT {value} FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'TargetInstallDir'")
         for sql in sources:
             with contextlib.suppress(sqlite3.Error):
                 for (text,) in self._sqlite.execute(sql):
@@ -280,15 +282,20 @@ class Export:
         if not self.inspection.has(table, "id"):
             return ()
         col = self.inspection.col
+
+        def short(expression: str) -> str:
+            return text_sql(expression, MAX_NAME)
+
         sql = f"""
-SELECT {col(table, "g", "cuDevice", "g.id")}, {col(table, "g", "uuid", "''")}, {col(table, "g", "name", "''")},
-       {col(table, "g", "totalMemory", "0")}, {col(table, "g", "smCount", "0")},
-       {col(table, "g", "busLocation", "''")}, {col(table, "g", "chipName", "''")},
+SELECT {col(table, "g", "cuDevice", "g.id")}, {short(col(table, "g", "uuid", "''"))},
+       {short(col(table, "g", "name", "''"))}, {col(table, "g", "totalMemory", "0")}, {col(table, "g", "smCount", "0")},
+       {short(col(table, "g", "busLocation", "''"))}, {short(col(table, "g", "chipName", "''"))},
        {col(table, "g", "computeMajor", "0")}, {col(table, "g", "computeMinor", "0")}
 FROM {table} AS g WHERE {col(table, "g", "cuDevice", "g.id")} IS NOT NULL ORDER BY g.id"""
         driver = ""
         if self.inspection.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
-            driver = self._value("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'NvDriverVersion'") or ""
+            driver = self._value(f"SELECT {short('value')} FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'NvDriverVersion'")
+            driver = driver or ""
         gpus = []
         for index, uuid, name, memory, sms, bus, chip, major, minor in self._sqlite.execute(sql):
             gpus.append(
@@ -311,7 +318,8 @@ FROM {table} AS g WHERE {col(table, "g", "cuDevice", "g.id")} IS NOT NULL ORDER 
         names: dict[int, str] = {}
         if self.inspection.has("PROCESSES", "pid", "name"):
             with self._refusing():
-                rows = self._sqlite.execute("SELECT pid, name FROM PROCESSES WHERE name IS NOT NULL").fetchall()
+                sql = f"SELECT pid, {text_sql('name')} FROM PROCESSES WHERE name IS NOT NULL"
+                rows = self._sqlite.execute(sql).fetchall()
             for pid, name in rows:
                 if pid in pids:
                     names[int(pid)] = cut(sqlite_text(name), MAX_STRING)
@@ -324,7 +332,7 @@ FROM {table} AS g WHERE {col(table, "g", "cuDevice", "g.id")} IS NOT NULL ORDER 
             return {}
         names: dict[tuple[int, int], str] = {}
         sql = f"""
-SELECT {PID.format(col="t.globalTid")}, {TID.format(col="t.globalTid")}, s.value
+SELECT {PID.format(col="t.globalTid")}, {TID.format(col="t.globalTid")}, {text_sql("s.value")}
 FROM ThreadNames AS t JOIN StringIds AS s ON s.id = t.nameId
 ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
         with self._refusing():
@@ -408,7 +416,7 @@ ORDER BY {self.inspection.col("ThreadNames", "t", "priority", "0")}"""
         """GPU metrics sampled by nsys (--gpu-metrics-devices): ts, gpu, metric, value."""
         if not self.inspection.has("GPU_METRICS", "timestamp", "typeId", "metricId", "value"):
             return
-        names = "COALESCE(NULLIF(CAST(t.metricName AS TEXT), ''), 'metric ' || g.metricId)"
+        names = f"COALESCE(NULLIF({text_sql('t.metricName', MAX_NAME)}, ''), 'metric ' || g.metricId)"
         join = ""
         if self.inspection.has("TARGET_INFO_GPU_METRICS", "typeId", "metricId", "metricName"):
             join = """LEFT JOIN (SELECT typeId, metricId, min(metricName) AS metricName

@@ -6,8 +6,8 @@ The checks run in SQLite (typeof, BETWEEN), each table scanned once, in rowid ra
 connections as there are cores (SQLite runs without the GIL), beside the file's integrity check and
 the copy of its API calls (agent/traces/nsys.py Export): nothing is read for sending meanwhile. The
 rows are then read through ADBC, which needs one type per column anyway. Strings are not checked
-here: any type reads as text (CAST), invalid UTF-8 is replaced and long strings are cut
-(agent/traces/nsys.py).
+here: any type reads as text (CAST), no more than a bound of it, invalid UTF-8 is replaced and long
+strings are cut (agent/traces/nsys_strings.py).
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ def _diagnose(
             if late:
                 return f"{table} has rows that last longer than {MAX_EVENT_NS // 86_400_000_000_000} days (row {row})"
             return f"{table} has rows that end before they start (row {row})"
-        kind, value = connection.execute(f'SELECT typeof("{column}"), "{column}" FROM "{table}" WHERE rowid = ?',
+        number = f"""CASE WHEN typeof("{column}") IN ('integer', 'real') THEN "{column}" END"""  # not a long string
+        kind, value = connection.execute(f'SELECT typeof("{column}"), {number} FROM "{table}" WHERE rowid = ?',
                                          (row,)).fetchone()  # fmt: skip
         rule = rules[column].rstrip("!")
         if kind == "null":

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.telemetry.gpu import DeviceInfo
+from agent.traces.nsys_strings import text_sql
 
 NONE_32 = 4294967295  # "none" as nsys writes it in 32-bit columns
 PID = "(({col} >> 24) & 16777215)"
@@ -192,7 +193,7 @@ def _memset(inspection: Inspection, session: Session | None) -> Source | None:
 SELECT {_select(columns,
                "m.bytes AS bytes" if inspection.has(table, "bytes") else "",
                f'{_case("m.memKind", MEMORY_KINDS)} AS "x:memory"' if inspection.has(table, "memKind") else "",
-               'CAST(m.value AS TEXT) AS "x:value"' if inspection.has(table, "value") else "")}
+               f'{text_sql("m.value")} AS "x:value"' if inspection.has(table, "value") else "")}
 FROM {table} AS m {join}"""  # fmt: skip
     return Source("memset", table, sql)
 
@@ -209,7 +210,7 @@ SELECT {_select(f"r.start + {offset} AS start", f'r."end" + {offset} AS "end"', 
                "COALESCE(r.correlationId, 0) AS correlation_id" if has(table, "correlationId") else "",
                _as("CASE r.eventClass WHEN 1 THEN 'driver' ELSE 'runtime' END", "x:api")
                if has(table, "eventClass") else "",
-               _as("CASE WHEN r.returnValue = 0 THEN '' ELSE CAST(r.returnValue AS TEXT) END", "x:return_value")
+               _as(f"CASE WHEN r.returnValue = 0 THEN '' ELSE {text_sql('r.returnValue')} END", "x:return_value")
                if has(table, "returnValue") else "")}
 FROM {table} AS r {f"WHERE r.eventClass IN {API_CLASSES}" if has(table, "eventClass") else ""}"""  # fmt: skip
     return Source("cuda_api", table, sql, api_names=True)
@@ -222,7 +223,7 @@ def _sync(inspection: Inspection, session: Session | None) -> Source | None:
     sync_kind = _case(inspection.col(table, "y", "syncType", "0"), SYNC_KINDS)
     # the API call names the sync: syncType's numbering changed between versions
     linked = inspection.api_link and inspection.has(table, "correlationId", "globalPid")
-    name = f"COALESCE(an.value, {sync_kind})" if linked else sync_kind
+    name = f"COALESCE({text_sql('an.value')}, {sync_kind})" if linked else sync_kind
     columns, join = _gpu_activity(inspection, table, "y", _offset(session), name)
     names = "LEFT JOIN StringIds AS an ON an.id = api.name_id" if linked else ""
     sql = f"""
@@ -237,25 +238,25 @@ def _nvtx(inspection: Inspection, session: Session | None) -> Source | None:
         return None
     offset = _offset(session)
     has = inspection.has
-    text = "CAST(n.text AS TEXT)" if has(table, "text") else "NULL"
-    registered = "sid.value" if has(table, "textId") else "NULL"
+    text = text_sql("n.text") if has(table, "text") else "NULL"
+    registered = text_sql("sid.value") if has(table, "textId") else "NULL"
     label = f"COALESCE({registered}, {text}, '')"
     joins = []
     name = label
     if has(table, "domainId", "text"):
         joins.append(f"""
-LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, CAST(min(text) AS TEXT) AS name FROM {table}
+LEFT JOIN (SELECT domainId AS id, {PID.format(col="globalTid")} AS pid, {text_sql("min(text)")} AS name FROM {table}
            WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY 1, 2) AS d
     ON d.id = n.domainId AND d.pid = {PID.format(col="n.globalTid")}""")
-        name = f"CASE WHEN d.name IS NOT NULL THEN d.name || ':' || {label} ELSE {label} END"
+        name = text_sql(f"CASE WHEN d.name IS NOT NULL THEN d.name || ':' || {label} ELSE {label} END")
     if has(table, "textId"):
         joins.append("LEFT JOIN StringIds AS sid ON sid.id = n.textId")
     json = ""
     if has(table, "jsonTextId"):
         joins.append("LEFT JOIN StringIds AS jt ON jt.id = n.jsonTextId")
-        json = _as("COALESCE(jt.value, '')", "x:json")
+        json = _as(f"COALESCE({text_sql('jt.value')}, '')", "x:json")
     elif has(table, "jsonText"):
-        json = _as("COALESCE(CAST(n.jsonText AS TEXT), '')", "x:json")
+        json = _as(f"COALESCE({text_sql('n.jsonText')}, '')", "x:json")
     marks = ", ".join(map(str, NVTX_MARK))
     ranges = ", ".join(map(str, NVTX_PUSHPOP + NVTX_STARTEND))
     end = 'n."end"' if has(table, "end") else "NULL"
@@ -275,7 +276,7 @@ SELECT {_select(
     if has(table, "endGlobalTid") else "",
     _as("CASE WHEN n.color IS NULL THEN '' ELSE printf('#%08X', n.color) END", "x:color")
     if has(table, "color") else "",
-    _as("COALESCE(CAST(n.category AS TEXT), '')", "x:category") if has(table, "category") else "",
+    _as(f"COALESCE({text_sql('n.category')}, '')", "x:category") if has(table, "category") else "",
     json)}
 FROM {table} AS n {" ".join(joins)}
 WHERE n.eventType IN ({marks}, {ranges})
