@@ -3,15 +3,26 @@ matrix and config files, signals, numeric options) is bounded, refused in one li
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool, encode
 from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, write_export
 from query.client import Client
+from tests.helpers import telemetry, wait_until
+from tracehouse.batch import encode_request
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STRING = 64 << 10
@@ -56,3 +67,103 @@ def test_huge_strings_of_an_export_are_cut_while_read(tmp_path: Path, address: s
     names = client.sql("SELECT DISTINCT name FROM events WHERE kind = 'kernel' AND host = 'huge'")["name"]
     assert set(names) == expected
     assert all(MAX_STRING - 3 < len(name.encode()) <= MAX_STRING for name in names)
+
+
+# -- the spool folder: special files, forged counts ------------------------------------------------
+
+
+def earlier(n: int, values: int = 400) -> EncodedBatch:
+    """A batch of an earlier agent session: 400 sample values (or as many as `values` claims)."""
+    batch_id = f"earlier.host/{n:08d}"
+    return EncodedBatch(batch_id, encode_request(telemetry(batch_id).build()), values)
+
+
+def opened_within(seconds: float, open_it: Callable[[], Spool]) -> Spool:
+    """The spool `open_it` opens, which must be done within `seconds` (a FIFO would block it forever:
+    then the FIFOs of the folder are opened for writing, which lets the test's thread go)."""
+    found: list[Spool] = []
+    opening = threading.Thread(target=lambda: found.append(open_it()), daemon=True)
+    opening.start()
+    opening.join(seconds)
+    return found[0] if found else None  # type: ignore[return-value]
+
+
+def test_a_fifo_in_the_spool_folder_is_left_alone_and_the_rest_replayed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Spool(tmp_path, 1 << 20, lambda *_: None)
+    for n in range(2):
+        assert spool.put(earlier(n))
+    fifo = tmp_path / "00000000000000000000.batch"  # sorts first
+    os.mkfifo(fifo)
+    fates = Fates()
+    with caplog.at_level(logging.ERROR, "tracehouse.agent.spool"):
+        reopened = opened_within(5, lambda: Spool(tmp_path, 1 << 20, fates.drop, fates.unknown.append))
+    if reopened is None:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert reopened is not None, "opening the spool blocked on the FIFO"
+    assert reopened.batches == 2 and reopened.values_of() == 800
+    assert f"{fifo}: not a regular file (a FIFO); left alone" in caplog.text
+    assert fates.dropped == [] and fates.unknown == [], "a FIFO is no batch lost"
+    assert reopened.oldest() == earlier(0)
+    reopened.remove("earlier.host/00000000")
+    assert reopened.oldest() == earlier(1)
+    assert fifo.exists()
+
+
+def test_a_forged_value_count_is_not_believed_though_its_checksum_holds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header's checksum can be computed by anyone: a count more than the payload can hold, or
+    a payload length that is not the file's, is reported and not believed."""
+    (tmp_path / "00000000000000000001.batch").write_bytes(encode(earlier(1, values=10**18)))
+    longer = bytearray(encode(earlier(2)))  # a header that says its payload is longer than the file's
+    fields = FIELDS.pack(
+        zlib.crc32(earlier(2).payload), 400, len(earlier(2).payload) + 4096, len(b"earlier.host/00000002")
+    )
+    ident = b"earlier.host/00000002"
+    longer[:HEAD] = MAGIC + CHECK.pack(zlib.crc32(fields + ident)) + fields
+    (tmp_path / "00000000000000000002.batch").write_bytes(bytes(longer))
+    (tmp_path / "00000000000000000003.batch").write_bytes(encode(earlier(3)))
+    fates = Fates()
+    with caplog.at_level(logging.ERROR, "tracehouse.agent.spool"):
+        spool = Spool(tmp_path, 1 << 20, fates.drop, fates.unknown.append)
+    assert spool.batches == 1 and spool.values_of() == 400, "only the honest file's count"
+    assert fates.unknown == ["00000000000000000001.batch", "00000000000000000002.batch"] and fates.dropped == []
+    payload = len(earlier(1).payload)
+    assert f"the header claims 1,000,000,000,000,000,000 sample values, more than its {payload:,}-byte" in caplog.text
+    assert "the header says" in caplog.text and "values lost: unknown" in caplog.text
+    assert spool.oldest() == earlier(3)
+
+
+class Fates:
+    def __init__(self) -> None:
+        self.dropped: list[tuple[str, int]] = []
+        self.unknown: list[str] = []
+
+    def drop(self, batch_id: str, values: int) -> None:
+        self.dropped.append((batch_id, values))
+
+
+def test_an_agent_whose_spool_holds_a_fifo_ships_and_stops_on_sigterm(
+    tmp_path: Path, address: str, client: Client
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    os.mkfifo(spool / "00000000000000000001.batch")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "agent", "--server", address, "--simulate", "1", "--spool",
+         str(spool), "--host", "edge-agent", "--flush-interval", "0.2", "--no-host-metrics"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEHOUSE_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    try:
+        shipped = "SELECT count() AS n FROM samples WHERE host = 'edge-agent'"
+        wait_until(lambda: int(client.sql(shipped)["n"][0]) > 0, 30, "the agent shipped samples")
+        agent.send_signal(signal.SIGTERM)
+        out, err = agent.communicate(timeout=15)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0, err[-2000:]
+    assert "not a regular file (a FIFO); left alone" in err
+    assert json.loads(out)["stored"] > 0

@@ -13,7 +13,11 @@ their payload's checksum is checked, and their batch id and value count are read
 payload itself, never from the unchecked fields.
 
 A file that fails its checks is moved aside (`NAME.corrupt`) and counted: with its value
-count where that is known, as `unknown` where its header could not be trusted.
+count where that is known, as `unknown` where its header could not be trusted. A checksum is no
+proof (anyone can compute one): a header whose payload length is not what the file holds, or whose
+value count is more than that payload can hold, is not believed either. The folder is read as
+written by others: what is not a regular file (a FIFO, a folder) is left alone with a logged line,
+and no file is read past the size a spool file can have.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracehouse.regularfile import FileRefused, open_regular, read_regular
+
 log = logging.getLogger("tracehouse.agent.spool")
 
 MAGIC = b"THSPOOL2"
@@ -36,6 +42,8 @@ CHECK = struct.Struct("<I")
 FIELDS = struct.Struct("<IQQH")  # payload crc32, sample values, payload length, batch id length
 HEAD = len(MAGIC) + CHECK.size + FIELDS.size
 SUFFIX = ".batch"
+SAMPLE_BYTES = 17  # the least a sample value takes in a payload: its time (8), metric (1 or more), value (8)
+MAX_FILE_BYTES = 1 << 30  # a spool file is one batch, and the server takes none this large
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,10 @@ def encode(batch: EncodedBatch) -> bytes:
     return MAGIC + CHECK.pack(zlib.crc32(fields)) + fields + batch.payload
 
 
-def decode_head(head: bytes, ident: bytes) -> tuple[str, int, int]:
+def decode_head(head: bytes, ident: bytes, size: int | None = None) -> tuple[str, int, int]:
     """Batch id, values and payload length from a THSPOOL2 header (HEAD bytes) and the batch
-    id's bytes after it; SpoolFileError unless the header's checksum holds."""
+    id's bytes after it; SpoolFileError unless the header's checksum holds, its payload length is
+    what a file of `size` bytes holds (where given), and its value count fits that payload."""
     if len(head) < HEAD or head[: len(MAGIC)] != MAGIC:
         raise SpoolFileError("not a spool file" if len(head) < HEAD else f"unknown format {head[:8]!r}")
     (check,) = CHECK.unpack_from(head, len(MAGIC))
@@ -73,6 +82,13 @@ def decode_head(head: bytes, ident: bytes) -> tuple[str, int, int]:
     _, values, length, id_length = FIELDS.unpack(fields)
     if len(ident) != id_length or zlib.crc32(fields + ident) != check:
         raise SpoolFileError("header checksum mismatch: its fields were changed or damaged")
+    if size is not None and HEAD + id_length + length != size:
+        raise SpoolFileError(f"the header says {HEAD + id_length + length:,} bytes, the file has {size:,}")
+    if values > length // SAMPLE_BYTES:
+        raise SpoolFileError(
+            f"the header claims {values:,} sample values, more than its {length:,}-byte payload can hold "
+            f"({length // SAMPLE_BYTES:,})"
+        )
     try:
         return ident.decode(), values, length
     except UnicodeDecodeError:
@@ -86,7 +102,7 @@ def decode(data: bytes) -> EncodedBatch:
     if len(data) < HEAD:
         raise SpoolFileError("not a spool file")
     id_length = FIELDS.unpack_from(data, len(MAGIC) + CHECK.size)[3]
-    batch_id, values, length = decode_head(data[:HEAD], data[HEAD : HEAD + id_length])
+    batch_id, values, length = decode_head(data[:HEAD], data[HEAD : HEAD + id_length], len(data))
     crc = FIELDS.unpack_from(data, len(MAGIC) + CHECK.size)[0]
     payload = data[HEAD + id_length :]
     if len(payload) != length:
@@ -144,7 +160,7 @@ class Spool:
         self._bytes = 0
         self._full_warned = False
         for path in sorted(self.folder.glob(f"*{SUFFIX}")):
-            entry = self._index(path)
+            entry = self._index(path) if self._regular(path) else None
             if entry is not None:
                 self._entries.append(entry)
                 self._bytes += entry.size
@@ -152,17 +168,32 @@ class Spool:
         for stale in self.folder.glob("*.tmp"):
             stale.unlink(missing_ok=True)
 
+    def _regular(self, path: Path) -> bool:
+        """Whether `path` is a regular file; what is not (a FIFO, a folder) is no batch of ours: left alone."""
+        try:
+            open_regular(path).close()
+        except FileRefused as error:
+            log.error("spool: %s; left alone, no batch is read from it", error)
+            return False
+        return True
+
+    def _bound(self) -> int:
+        return min(self.max_bytes, MAX_FILE_BYTES)
+
     def _index(self, path: Path) -> _Entry | None:
         try:
-            with path.open("rb") as file:
+            with open_regular(path) as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > self._bound():
+                    raise SpoolFileError(f"{size:,} bytes, more than a spool file of {self._bound():,} bytes can be")
                 head = file.read(HEAD)
                 if head[: len(OLD_MAGIC)] == OLD_MAGIC:
-                    old = _decode_old(head + file.read())
-                    return _Entry(path, old.batch_id, old.values, path.stat().st_size)
+                    old = _decode_old(head + file.read(size))
+                    return _Entry(path, old.batch_id, old.values, size)
                 id_length = FIELDS.unpack_from(head, len(MAGIC) + CHECK.size)[3] if len(head) == HEAD else 0
-                batch_id, values, _ = decode_head(head, file.read(id_length))
-            return _Entry(path, batch_id, values, path.stat().st_size)
-        except (OSError, SpoolFileError) as error:
+                batch_id, values, _ = decode_head(head, file.read(id_length), size)
+            return _Entry(path, batch_id, values, size)
+        except (OSError, SpoolFileError, FileRefused) as error:
             self._quarantine(path, str(error), "", None)
             return None
 
@@ -253,11 +284,11 @@ class Spool:
                     return None
                 entry = self._entries[0]
             try:
-                batch = decode(entry.path.read_bytes())
+                batch = decode(read_regular(entry.path, entry.size))
                 if (batch.batch_id, batch.values) != (entry.batch_id, entry.values):
                     raise SpoolFileError("the file changed since the spool was opened")
                 return batch
-            except (OSError, SpoolFileError) as error:
+            except (OSError, SpoolFileError, FileRefused) as error:
                 with self._lock:
                     if self._entries and self._entries[0] == entry:
                         self._bytes -= self._entries.pop(0).size
