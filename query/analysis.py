@@ -16,6 +16,7 @@ from query.compare import MAX_COMPARE_RUNS, CompareSpan, compare_runs, compare_t
 from query.gpuwork import GAP, NS, RANGE_KINDS, WORK_KINDS, Query, reach
 from query.kept import KEEP_SETTINGS, keep_token, of_kept
 from query.projection import PHASE_METRICS, keep_ranges, kept_in_window, nvtx_gpu_ranges, nvtx_gpu_summary, phases
+from query.sql import INT64_MAX
 from query.window import Predicates
 
 __all__ = [
@@ -254,24 +255,33 @@ DIFF_CATEGORIES = {"kernels": "'kernel'", "api": "'cuda_api'", "memops": "'memcp
 
 
 def diff(run_a: str, run_b: str, summaries: list[str], limit: int) -> Query:
+    """Per category and name, each run's instances, total and average, and B - A. Sums are taken in
+    Int128 and answered in Int64 as query/sql.py's capped_sum answers them: a total or change past
+    2**63 - 1 ns (292 years) is answered at the cap, and `saturated` says so; delta_pct is the exact
+    sums' change."""
     kinds = ", ".join(DIFF_CATEGORIES[s] for s in summaries)
     side = {"a": "{run_a:String}", "b": "{run_b:String}"}
     columns = ",\n       ".join(
-        f"countIf(run_id = {run}) AS instances_{k}, sumIf(d, run_id = {run}) AS total_ns_{k}, "
-        f"if(instances_{k} > 0, avgIf(d, run_id = {run}), NULL) AS avg_ns_{k}"
+        f"countIf(run_id = {run}) AS instances_{k}, sumIf(toInt128(d), run_id = {run}) AS sum_{k}, "
+        f"toInt64(least(sum_{k}, {INT64_MAX})) AS total_ns_{k}, "
+        f"if(instances_{k} > 0, avgIf(toFloat64(d), run_id = {run}), NULL) AS avg_ns_{k}"
         for k, run in side.items()
     )
     sql = f"""
+SELECT category, name, instances_a, total_ns_a, avg_ns_a, instances_b, total_ns_b, avg_ns_b, delta_ns, delta_pct,
+       toBool(greatest(sum_a, sum_b, abs(sum_b - sum_a)) > {INT64_MAX}) AS saturated
+FROM (
 SELECT category, name,
        {columns},
-       total_ns_b - total_ns_a AS delta_ns,
-       if(total_ns_a > 0, 100 * (total_ns_b - total_ns_a) / total_ns_a, NULL) AS delta_pct
+       toInt64(greatest(least(sum_b - sum_a, {INT64_MAX}), -{INT64_MAX})) AS delta_ns,
+       if(sum_a > 0, 100 * (toFloat64(sum_b) - toFloat64(sum_a)) / toFloat64(sum_a), NULL) AS delta_pct
 FROM (
     SELECT multiIf(kind = 'kernel', 'kernels', kind = 'cuda_api', 'api', 'memops') AS category, name, run_id,
            {NS}(end) - {NS}(start) AS d
     FROM {{db}}.events WHERE run_id IN ({{run_a:String}}, {{run_b:String}}) AND kind IN ({kinds})
 )
 GROUP BY category, name
+)
 ORDER BY abs(delta_ns) DESC, category, name
 {"LIMIT {limit:UInt32}" if limit else ""}"""
     return sql, {"run_a": run_a, "run_b": run_b, "limit": limit}

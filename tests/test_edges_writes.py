@@ -1,9 +1,10 @@
-"""A writer bound to run ids cannot skew another run's telemetry: samples are their host's, read
-for every run on it, so only a writer bound to hosts may send them. Through the real server with
-tokens and a real store."""
+"""What a writer sends cannot skew another run's figures: a writer bound to run ids alone sends no
+samples (they are their host's, read for every run on it), and sums past int64 saturate and say so
+rather than wrap. Through the real server and a real store."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import grpc
@@ -15,6 +16,7 @@ from query.client import Client
 from tests.helpers import MS, T0, S, counts, request
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity, open_channel
+from tracehouse.cli.main import main
 from tracehouse.cli.serve import create_server
 from tracehouse.metrics import GPU_UTIL
 from tracehouse.model import Limits
@@ -72,3 +74,40 @@ def test_a_token_bound_to_run_ids_alone_cannot_write_another_runs_telemetry(
 
     write(stub, CI_HOSTED, utilisation("ci/2", "ci-evil", 100.0, n=1))  # a writer trusted with the host may
     assert counts(store)["samples"] == 51
+
+
+# --- sums past int64 -----------------------------------------------------------------------
+
+DAY = 86_400 * S
+YEAR_AGO = T0 - 366 * DAY
+
+
+def year_long_kernels(stub: ingest_pb2_grpc.IngestStub, run_id: str, count: int) -> None:
+    """`count` kernels of 365 days each, side by side on GPU 0 of a run of a year."""
+    run = BatchBuilder(f"{run_id}/run").add_run(run_id, name=run_id, host="host-a", start=YEAR_AGO, end=T0)
+    stub.Write(request(run), timeout=30)
+    starts = np.full(count, YEAR_AGO, dtype=np.int64)
+    work = BatchBuilder(f"{run_id}/k", run_id=run_id, host="host-a").add_events(
+        "kernel", starts, starts + 365 * DAY, "gemm", gpu=0
+    )
+    stub.Write(request(work), timeout=30)
+
+
+def test_sums_past_int64_saturate_and_say_so(
+    ingest: ingest_pb2_grpc.IngestStub, address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    year_long_kernels(ingest, "years-a", 400)  # 146,000 days of kernels: past 2**63 - 1 ns (106,751 days)
+    year_long_kernels(ingest, "years-b", 300)
+    assert main(["query", "diff", "years-a", "years-b", "--server", address, "--format", "json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["total_ns_a"] == row["total_ns_b"] == 2**63 - 1 and row["saturated"] is True
+    assert row["delta_ns"] == -100 * 365 * DAY and row["delta_pct"] == pytest.approx(-25.0)
+    assert (row["instances_a"], row["instances_b"], row["avg_ns_a"]) == (400, 300, 365 * DAY)
+    assert main(["query", "compare", "years-a", "years-b", "--server", address]) == 0
+    headline = capsys.readouterr().out.splitlines()[0]
+    assert "Biggest change: gemm -36,500 d 00 h (-25.0 %). Sums past 106,751 d 23 h are shown at that cap." in headline
+    assert main(["query", "compare", "years-a", "years-b", "--server", address, "--format", "json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert [(run["kernels"], run["busy_pct"]) for run in figures] == [(400, pytest.approx(365 / 366 * 100))] * 1 + [
+        (300, pytest.approx(365 / 366 * 100))
+    ]
