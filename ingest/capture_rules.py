@@ -102,7 +102,7 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
                 raise RuleError(f"line {line}: key {key!r} repeats (first on line {seen[key]}); give each key once")
             if isinstance(key, Hashable):
                 seen[key] = line
-        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep)
 
     def construct_number(self, node: yaml.ScalarNode) -> Any:
         if len(node.value) > MAX_NUMBER_CHARS:

@@ -1,7 +1,7 @@
 """The gRPC Capture service, and the board of open requests a server keeps in memory: a write's
 answer says whether its run has one (WriteResponse.capture_waiting) without touching the store,
-and Poll answers from it. The board reads the store again every second, so that the servers of
-one store (a stateless tier) learn of each other's requests."""
+and Poll answers from it. The board reads what the store holds anew every second, so that the servers
+of one store (a stateless tier) learn of each other's requests."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.admission import Overloaded
 from ingest.captures import (
     MAX_RANKS,
     MAX_STEPS,
@@ -28,9 +29,11 @@ from ingest.captures import (
     start_step,
 )
 from ingest.grants import OutOfBounds
+from ingest.pace import Pace
 from ingest.store import Store
 from ingest.storeerrors import StoreError
 from query.window import QueryError, RunNotFound
+from tracehouse.pushback import PUSHBACK_KEY
 from tracehouse.scopes import CALLER, UNBOUNDED, Grant
 from tracehouse.timefmt import now_ns
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc
@@ -38,6 +41,8 @@ from tracehouse.v1 import capture_pb2, capture_pb2_grpc
 log = logging.getLogger("tracehouse.capture")
 REFRESH_S = 1.0
 KEPT_NS = 2 * 3600 * 1_000_000_000  # the board reads back this far: past every open request's end
+OVERLAP_NS = 30_000_000_000  # each refresh reads again the rows this much older than the last read
+FULL_EVERY_S = 300.0  # and reads all KEPT_NS again this often
 RECENT_STEPS = 21  # the latest steps the start step is planned from
 
 SCHEMA = pa.schema(
@@ -73,9 +78,10 @@ def _row(**values: Any) -> pa.Table:
     return pa.table({name: [row[name]] for name in SCHEMA.names}, schema=SCHEMA)
 
 
-def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
-    """Requests and their reports from rows of `captures` (in _COLUMNS order)."""
-    requests: dict[str, CaptureRecord] = {}
+def _requests(rows: pa.Table, requests: dict[str, CaptureRecord] | None = None) -> dict[str, CaptureRecord]:
+    """Requests and their reports from rows of `captures` (in _COLUMNS order), added to `requests`: each
+    request, report and comparison once, however often its row is read."""
+    requests = {} if requests is None else requests
     reports: list[tuple[str, Report]] = []
     comparisons: list[tuple[str, str, str]] = []
     for values in rows.to_pylist():
@@ -84,15 +90,24 @@ def _requests(rows: pa.Table) -> dict[str, CaptureRecord]:
         if record == "comparison":
             comparisons.append((request_id, session, comparison))
         elif record == "request":
-            requests[request_id] = CaptureRecord(request_id, run_id, host, at, requested_by, reason, first, steps,
-                                                 seconds, tuple(ranks))  # fmt: skip
+            if request_id not in requests:
+                requests[request_id] = CaptureRecord(request_id, run_id, host, at, requested_by, reason, first, steps,
+                                                     seconds, tuple(ranks))  # fmt: skip
         else:
             reports.append(
                 (request_id, Report(session, rank, host, state, at, first, last, trace_bytes, events, reason))
             )
+    seen: dict[str, set[tuple[str, str, int]]] = {}
     for request_id, report in reports:
-        if request_id in requests:
-            requests[request_id].reports.append(report)
+        known = requests.get(request_id)
+        if known is None:
+            continue
+        said = seen.get(request_id)
+        if said is None:
+            said = seen[request_id] = {(r.session, r.state, r.at_ns) for r in known.reports}
+        if (report.session, report.state, report.at_ns) not in said:
+            said.add((report.session, report.state, report.at_ns))
+            known.reports.append(report)
     for request_id, session, comparison in comparisons:
         if request_id in requests:
             requests[request_id].comparisons[session] = comparison
@@ -110,6 +125,8 @@ class CaptureBoard:
         self._stop = threading.Event()
         self._refresh_s = refresh_s
         self._refreshed_at = 0.0
+        self._full_at = 0.0
+        self._read_ns: int | None = None  # when the last read began
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -145,24 +162,23 @@ class CaptureBoard:
                 log.debug("capture board not refreshed: %s", error)
 
     def refresh(self) -> None:
-        since = now_ns() - KEPT_NS
+        """Read the rows stored since the last read (less OVERLAP_NS: rows stored a moment after their
+        time, by this server or another), and every FULL_EVERY_S the whole KEPT_NS again (a server
+        whose clock lags further); requests older than KEPT_NS are let go."""
+        now, started = now_ns(), time.monotonic()
+        full = self._read_ns is None or started - self._full_at >= FULL_EVERY_S
+        since = now - KEPT_NS if full or self._read_ns is None else max(now - KEPT_NS, self._read_ns - OVERLAP_NS)
         rows = self.store.query(
             f"SELECT {_COLUMNS} FROM {{db}}.captures WHERE at > fromUnixTimestamp64Nano({{since:Int64}}) ORDER BY at",
             {"since": since},
         )
-        found = _requests(rows)
         self._refreshed_at = time.monotonic()
-        with self._lock:  # what this server added while the query ran is kept
-            for request_id, known in self._requests.items():
-                stored = found.get(request_id)
-                if stored is None:
-                    if known.requested_ns > since:
-                        found[request_id] = known
-                    continue
-                seen = {(r.session, r.state, r.at_ns) for r in stored.reports}
-                stored.reports += [r for r in known.reports if (r.session, r.state, r.at_ns) not in seen]
-                stored.comparisons = {**known.comparisons, **stored.comparisons}
-            self._requests = found
+        self._full_at = started if full else self._full_at
+        with self._lock:  # merged: what this server added while the query ran is kept
+            _requests(rows, self._requests)
+            for request_id in [i for i, r in self._requests.items() if r.requested_ns <= now - KEPT_NS]:
+                del self._requests[request_id]
+            self._read_ns = now
             self._reopen()
 
     def _reopen(self) -> None:
@@ -239,9 +255,10 @@ def state_message(request: CaptureRecord, now: int) -> capture_pb2.CaptureState:
 
 
 class CaptureService(capture_pb2_grpc.CaptureServicer):
-    def __init__(self, store: Store, board: CaptureBoard) -> None:
+    def __init__(self, store: Store, board: CaptureBoard, pace: Pace) -> None:
         self.store = store
         self.board = board
+        self.pace = pace  # of a person's requests, per caller and run: each reads the store, even one refused
         self._asking = threading.Lock()  # one request at a time: two at once both saw none under way
         # told of each import a process reports (the rules compare a rule's capture with its baseline)
         self.on_imported: Callable[[CaptureRecord, Report], None] | None = None
@@ -251,6 +268,15 @@ class CaptureService(capture_pb2_grpc.CaptureServicer):
         if not request.run_id or len(request.run_id) > 1024:
             raise QueryError("run_id", "required: a run's id or name" if not request.run_id else "too long")
         asked = check_request(request.steps, request.seconds, list(request.ranks), request.reason)
+        wait = self.pace.take((grant.holder, request.run_id))
+        if wait:
+            retry_ms = math.ceil(wait * 1000)
+            context.set_trailing_metadata(((PUSHBACK_KEY, str(retry_ms)),))
+            raise Overloaded(
+                f"capture requests of run {request.run_id[:128]!r}: {self.pace.burst} at once, then "
+                f"{self.pace.per_minute:g} a minute from one caller; try again in {math.ceil(wait)} s",
+                retry_ms,
+            )
         made = self.ask(request.run_id, asked, caller(grant, context), grant)
         return state_message(made, made.requested_ns)
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ingest.store import Store
 from tests.helpers import request
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
+from tracehouse.pushback import PUSHBACK_KEY
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc, ingest_pb2_grpc
 
 PAST_INT64 = 2**63
@@ -195,3 +197,119 @@ def test_serve_refuses_a_fifo_or_a_device_for_a_file_option_at_once(tmp_path: Pa
     assert said.startswith(f"tracehouse: {option} {path}: ") and said.endswith(f"not a regular file ({kind})\n"), said
     assert said.count("\n") == 1
     assert time.monotonic() - started < 20
+
+
+# -- pace ---------------------------------------------------------------------------------------
+
+ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def paced(store: Store) -> Iterator[tuple[str, Clock]]:
+    """The Capture service on loopback with tokens for two callers, 2 requests at once then 6 a minute
+    per caller and run, on a clock the test moves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ingest.capture_service import CaptureBoard, CaptureService
+    from ingest.pace import Pace
+    from tracehouse.cli.serve import CAPTURE, add_service
+    from tracehouse.security import TokenInterceptor, parse_tokens
+
+    clock = Clock()
+    server = grpc.server(
+        ThreadPoolExecutor(4), interceptors=[TokenInterceptor(parse_tokens(f"write {ALICE}\nwrite {BOB}"))]
+    )
+    add_service(server, CAPTURE, CaptureService(store, CaptureBoard(store), Pace(2, 6, clock)), 1 << 20)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", clock
+    server.stop(1)
+
+
+def ask(address: str, token: str, run_id: str) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as error:
+        capture_pb2_grpc.CaptureStub(channel).Request(
+            capture_pb2.CaptureRequest(run_id=run_id), timeout=10, metadata=(("authorization", f"Bearer {token}"),)
+        )
+    return error.value
+
+
+def test_capture_requests_are_paced_per_token_and_run(paced: tuple[str, Clock]) -> None:
+    address, clock = paced
+    for _ in range(2):  # the burst: no such run, but asked
+        assert ask(address, ALICE, "run-1").code() == grpc.StatusCode.NOT_FOUND
+    refused = ask(address, ALICE, "run-1")
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.details() == (
+        "capture requests of run 'run-1': 2 at once, then 6 a minute from one caller; try again in 10 s"
+    )
+    assert dict(refused.trailing_metadata())[PUSHBACK_KEY] == "10000"
+    assert ask(address, ALICE, "run-2").code() == grpc.StatusCode.NOT_FOUND  # another run
+    assert ask(address, BOB, "run-1").code() == grpc.StatusCode.NOT_FOUND  # another caller
+    clock.now += 4
+    assert dict(ask(address, ALICE, "run-1").trailing_metadata())[PUSHBACK_KEY] == "6000"
+    clock.now += 6
+    assert ask(address, ALICE, "run-1").code() == grpc.StatusCode.NOT_FOUND  # waited: asked again
+    assert ask(address, ALICE, "run-1").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_without_tokens_every_caller_is_one_and_the_cli_says_when_to_try_again(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import small_limits
+    from tracehouse.cli.serve import create_server
+
+    server = create_server(store, "127.0.0.1:0", small_limits(capture_burst=1, capture_per_minute=0.5))
+    address = f"127.0.0.1:{server.port}"
+    try:
+        assert main(["capture", "--run", "run-1", "--server", address]) == 2  # no such run
+        assert "no run 'run-1'" in capsys.readouterr().err
+        assert main(["capture", "--run", "run-1", "--server", address]) == 1  # another connection, one caller
+        assert capsys.readouterr().err == (
+            "tracehouse: capture requests of run 'run-1': 1 at once, then 0.5 a minute from one caller; "
+            "try again in 120 s\n"
+        )
+    finally:
+        server.stop(1)
+
+
+def test_the_board_reads_only_what_is_new_and_the_whole_window_now_and_then(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest import capture_service
+    from ingest.capture_service import CaptureBoard
+
+    board = CaptureBoard(store)
+    store.append("captures", _row(request_id="cap-a", run_id="run-1", record="request", at=time.time_ns(), steps=10))
+    board.refresh()
+    assert board.open_request("run-1") is not None
+    back: list[int] = []  # how far back each refresh read
+    query = store.query
+
+    def reading(sql: str, parameters: dict[str, Any]) -> Any:
+        back.append(time.time_ns() - parameters["since"])
+        return query(sql, parameters)
+
+    def states() -> list[str]:
+        known = board.get("cap-a")
+        assert known is not None
+        return [report.state for report in known.reports]
+
+    monkeypatch.setattr(store, "query", reading)
+    store.append("captures", _row(request_id="cap-a", run_id="run-1", record="report", at=time.time_ns(),
+                                  session="ab.12", state="taken", host="h"))  # fmt: skip
+    board.refresh()
+    board.refresh()
+    assert states() == ["taken"]  # read twice, kept once
+    assert max(back) < 90 * 10**9  # a little more than the last second, not two hours
+    board._full_at -= capture_service.FULL_EVERY_S
+    board.refresh()
+    assert back[-1] >= 2 * 3600 * 10**9 and states() == ["taken"]

@@ -68,6 +68,8 @@ class Limits:
     max_id_bytes: int = 128  # batch_id, run_id
     max_map_entries: int = 256  # tags or attrs of one run or device
     max_gpu_index: int = 4095
+    capture_burst: int = 3  # capture requests one caller may make of one run at once ...
+    capture_per_minute: float = 6.0  # ... and then this many a minute
     max_points: int = 100_000  # buckets per series
     default_points: int = 1000
     max_page_size: int = 100_000  # events per page

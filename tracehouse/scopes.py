@@ -17,6 +17,7 @@ class Grant:
     scopes: frozenset[str]
     hosts: tuple[str, ...] | None = None  # globs; None: any host
     runs: tuple[str, ...] | None = None  # run-id prefixes; None: any run
+    holder: str = ""  # which token: a digest of it, never the token; "": the one caller of a server without tokens
 
     @property
     def bounded(self) -> bool:

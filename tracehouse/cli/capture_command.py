@@ -141,7 +141,8 @@ def run_captures(args: argparse.Namespace) -> int:
 def _refused(error: Any, typed: list[str]) -> int:
     """Say why the server refused (its hint as this user runs it) and exit as for that reason."""
     print(f"tracehouse: {_pasteable(error.message, typed)}", file=sys.stderr)
-    return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+    later = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")  # asked again later, it may be answered
+    return EXIT_UNAVAILABLE if error.code.name in later else EXIT_USAGE
 
 
 def _pasteable(message: str, typed: list[str]) -> str:

@@ -30,6 +30,7 @@ from ingest.captures import Asked, CaptureRefused
 from ingest.commitpolicy import CommitPolicy
 from ingest.grants import OutOfBounds
 from ingest.groupcommit import GroupCommit
+from ingest.pace import Pace
 from ingest.service import IngestService
 from ingest.store import (
     BatchConflict,
@@ -229,7 +230,7 @@ def create_server(
     admission = Admission(max_pending_bytes, max(1, workers * 3 // 4), ack_target_ms)
     group_commit = GroupCommit(store, commit, answer_at_claim=admission.turning_away)
     captures = CaptureBoard(store)
-    capture_service = CaptureService(store, captures)
+    capture_service = CaptureService(store, captures, Pace(limits.capture_burst, limits.capture_per_minute))
     rules = None
     if capture_rules:
 
