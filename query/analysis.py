@@ -205,7 +205,7 @@ SETTINGS {KEEP_SETTINGS}"""
 
 def launch_latency(where: Predicates) -> Query:
     sql = f"""
-SELECT name, count() AS kernels, avg(l) AS avg_ns,
+SELECT name, count() AS kernels, avg(toFloat64(l)) AS avg_ns,
        quantileExactInclusive(0.5)(l) AS med_ns, quantileExactInclusive(0.9)(l) AS p90_ns,
        quantileExactInclusive(0.99)(l) AS p99_ns, min(l) AS min_ns, max(l) AS max_ns
 FROM (SELECT name, {NS}(start) - {NS}(launch_start) AS l FROM {{db}}.events
@@ -217,7 +217,7 @@ GROUP BY name ORDER BY kernels DESC, name"""
 def short_kernels(where: Predicates, short_ns: int) -> Query:
     sql = f"""
 SELECT name, countIf(d < {{short:Int64}}) AS short, count() AS kernels, 100 * short / kernels AS short_pct,
-       sumIf(d, d < {{short:Int64}}) AS short_total_ns
+       toInt64(least(sumIf(toInt128(d), d < {{short:Int64}}), {INT64_MAX})) AS short_total_ns
 FROM (SELECT name, {NS}(end) - {NS}(start) AS d FROM {{db}}.events WHERE kind = 'kernel' AND {where.sql()})
 GROUP BY name HAVING short > 0 ORDER BY short DESC, name"""
     return sql, {**where.params, "short": short_ns}

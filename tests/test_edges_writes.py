@@ -106,6 +106,11 @@ def test_sums_past_int64_saturate_and_say_so(
     assert main(["query", "compare", "years-a", "years-b", "--server", address]) == 0
     headline = capsys.readouterr().out.splitlines()[0]
     assert "Biggest change: gemm -36,500 d 00 h (-25.0 %). Sums past 106,751 d 23 h are shown at that cap." in headline
+    assert main(["query", "kernels", "--run", "years-a", "--server", address]) == 0
+    assert "≥ 106,751 d 23 h" in capsys.readouterr().out, "a table says a sum is at its cap"
+    with Client(address) as client:
+        short = client.launch(366 * DAY, run="years-a")["short_kernels"].to_dict("records")
+    assert [(row["short"], row["short_total_ns"]) for row in short] == [(400, 2**63 - 1)]
     assert main(["query", "compare", "years-a", "years-b", "--server", address, "--format", "json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert [(run["kernels"], run["busy_pct"]) for run in figures] == [(400, pytest.approx(365 / 366 * 100))] * 1 + [

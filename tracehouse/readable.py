@@ -110,6 +110,17 @@ def _plain(value: Any) -> str:
     return for_people(str(value))
 
 
+SUM_CAP_NS = 2**63 - 1  # a sum past it is answered at it (query/sql.py's capped_sum): it was more
+
+
+def _duration(value: Any) -> str:
+    """A duration; a sum at the cap reads as at least it."""
+    text = units.duration(value)
+    if units.missing(value) or abs(float(value)) < SUM_CAP_NS:
+        return text
+    return f"≥ {text}" if float(value) > 0 else f"≤ {text}"
+
+
 def _instant(origin_ns: int | None) -> Formatter:
     def show(value: Any) -> str:
         if units.missing(value):
@@ -123,7 +134,7 @@ def _instant(origin_ns: int | None) -> Formatter:
 def formatter(kind: str, origin_ns: int | None = None) -> Formatter:
     """How one cell of a column of `kind` reads."""
     simple: dict[str, Formatter] = {
-        "duration": units.duration,
+        "duration": _duration,
         "seconds": units.seconds,
         "size": units.size,
         "rate": units.rate,
