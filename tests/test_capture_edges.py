@@ -313,3 +313,49 @@ def test_the_board_reads_only_what_is_new_and_the_whole_window_now_and_then(
     board._full_at -= capture_service.FULL_EVERY_S
     board.refresh()
     assert back[-1] >= 2 * 3600 * 10**9 and states() == ["taken"]
+
+
+# -- the Query service's numbers -----------------------------------------------------------------
+
+
+def test_query_requests_at_the_ends_of_their_numbers_are_answered_or_refused_naming_the_field(
+    channel: grpc.Channel, traces: dict[str, Any]
+) -> None:
+    from tracehouse.v1 import query_pb2, query_pb2_grpc
+
+    most, window = 2**63 - 1, query_pb2.Window
+    group_a, group_b = query_pb2.RunGroup(run_ids=["r1"]), query_pb2.RunGroup(run_ids=["r2"])
+    cases = [
+        ("Events", query_pb2.EventsRequest(window=window(from_ns=most - 1, to_ns=most)), ""),
+        ("Events", query_pb2.EventsRequest(window=window(run_id="r1", to_ns=most), page_size=100_000), ""),
+        ("Events", query_pb2.EventsRequest(window=window(from_ns=-1)), "window.from_ns"),
+        ("Events", query_pb2.EventsRequest(page_size=2**32 - 1), "page_size"),
+        ("Series", query_pb2.SeriesRequest(metrics=["gpu.util"], window=window(from_ns=0, to_ns=most)), ""),
+        ("Series", query_pb2.SeriesRequest(metrics=["gpu.util"], max_points=1, window=window(to_ns=most)), ""),
+        ("Series", query_pb2.SeriesRequest(metrics=["gpu.util"], max_points=2**32 - 1), "max_points"),
+        ("Lanes", query_pb2.LanesRequest(window=window(from_ns=0, to_ns=most), buckets=100_000), ""),
+        ("Lanes", query_pb2.LanesRequest(buckets=2**32 - 1), "buckets"),
+        ("ListMetrics", query_pb2.ListMetricsRequest(window=window(from_ns=most - 1)), ""),
+        ("Summary", query_pb2.SummaryRequest(kind="kernels", limit=2**32 - 1, window=window(to_ns=most)), ""),
+        ("GpuTime", query_pb2.GpuTimeRequest(window=window(run_id="r1"), min_gap_ns=most, max_gaps=100_000), ""),
+        ("GpuTime", query_pb2.GpuTimeRequest(window=window(run_id="r1"), min_gap_ns=-(2**63)), "min_gap_ns"),
+        ("Launch", query_pb2.LaunchRequest(window=window(run_id="r1"), short_ns=most), ""),
+        ("Launch", query_pb2.LaunchRequest(window=window(run_id="r1"), short_ns=-1), "short_ns"),
+        ("NvtxGpu", query_pb2.NvtxGpuRequest(window=window(from_ns=0, to_ns=most), limit=100_000), ""),
+        ("Diff", query_pb2.DiffRequest(run_a="r1", run_b="r2", limit=2**32 - 1), ""),
+        ("Compare", query_pb2.CompareRequest(run_ids=["r1"], top_kernels=2**32 - 1), "top_kernels"),
+        ("Verdict", query_pb2.VerdictRequest(a=group_a, b=group_b, window_ns=most, skip=2**32 - 1), ""),
+        ("Verdict", query_pb2.VerdictRequest(a=group_a, b=group_b, window_ns=-(2**63)), "window_ns"),
+        ("Verdict", query_pb2.VerdictRequest(a=group_a, b=group_b, min_effect=float("nan")), "min_effect"),
+        ("Sql", query_pb2.SqlRequest(sql="SELECT 1 AS one", max_rows=2**32 - 1), ""),
+        ("ListRuns", query_pb2.ListRunsRequest(limit=2**32 - 1), "limit"),
+    ]
+    stub = query_pb2_grpc.QueryStub(channel)
+    for method, message, field in cases:
+        try:
+            getattr(stub, method)(message, timeout=60)
+            said = ""
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, message, error.details())
+            said = error.details().split(":")[0]
+        assert said == field, (method, message)
