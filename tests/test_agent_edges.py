@@ -167,3 +167,31 @@ def test_an_agent_whose_spool_holds_a_fifo_ships_and_stops_on_sigterm(
     assert agent.returncode == 0, err[-2000:]
     assert "not a regular file (a FIFO); left alone" in err
     assert json.loads(out)["stored"] > 0
+
+
+def tracehouse(*args: str, seconds: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tracehouse.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=seconds,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+
+def test_a_fifo_or_a_device_named_as_a_matrix_or_token_file_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    fifo, zero = tmp_path / "matrix.yaml", tmp_path / "zero.yaml"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    token = tmp_path / "token"
+    os.mkfifo(token)
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}")
+    for args, said in (
+        (["run", "--matrix", str(fifo)], "matrix.yaml: cannot read: not a regular file (a FIFO)"),
+        (["run", "--matrix", str(zero)], "zero.yaml: cannot read: not a regular file (a character device)"),
+        (["import", "--server", "127.0.0.1:1", "--token-file", str(token), str(trace)],
+         f"--token-file {token}: cannot read it: not a regular file (a FIFO)"),
+    ):  # fmt: skip
+        try:
+            done = tracehouse(*args, seconds=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"tracehouse {' '.join(args)} blocked") from None
+        assert done.returncode == 2 and done.stderr == f"tracehouse: {said}\n", done.stderr[-2000:]

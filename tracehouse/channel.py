@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from tracehouse import config
+from tracehouse.regularfile import FileRefused, read_regular
 from tracehouse.security import (
     SecurityError,
     check_certificates,
@@ -38,6 +39,7 @@ HOSTNAME_MISMATCH = ("hostname verification", "no match found for server name", 
 # gRPC waits out a backoff after a failed connection (1 s, growing to 120 s by default), failing calls at
 # once meanwhile: a server back after a few minutes away would wait up to two for its agents.
 RECONNECT_MAX_MS = 2000
+MAX_TOKEN_FILE_BYTES = 64 << 10  # a token, or a line of the tokens file
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ class ClientSecurity:
 
 def read_token(path: Path) -> str:
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
+        token = read_regular(path, MAX_TOKEN_FILE_BYTES).decode().strip()
+    except FileRefused as refused:
+        raise SecurityError(f"--token-file {path}: cannot read it: {error_reason(refused, path)}") from None
+    except UnicodeDecodeError as error:
         raise SecurityError(f"--token-file {path}: cannot read it: {error_reason(error)}") from None
     if not token:
         raise SecurityError(f"--token-file {path} is empty")

@@ -16,6 +16,7 @@ from pathlib import Path
 from agent.runs.matrix_csv import _from_csv
 from agent.runs.matrix_model import RunSpec, _Bad, _expand
 from agent.runs.matrix_yaml import _from_yaml
+from tracehouse.regularfile import FileRefused, open_regular
 
 MAX_BYTES = 1 << 20  # a matrix file
 
@@ -38,8 +39,10 @@ def load_matrix(path: Path) -> Matrix:
     """Read and expand a matrix file (.yaml, .yml or .csv, at most MAX_BYTES of UTF-8)."""
     _format(path)
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, not read
             data = f.read(MAX_BYTES + 1)
+    except FileRefused as e:
+        raise MatrixError(f"{path.name}: cannot read: {str(e).removeprefix(f'{path}: ')}") from None
     except OSError as e:
         raise MatrixError(f"{path.name}: cannot read: {e.strerror or e}") from None
     if len(data) > MAX_BYTES:

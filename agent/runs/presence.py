@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracehouse import config
+from tracehouse.regularfile import FileRefused, open_regular
 
 SYSTEM_RUNTIME_DIR = Path("/run/tracehouse")
 
@@ -53,15 +54,15 @@ def running_agent(server: str) -> dict[str, Any] | None:
     """What the running agent for `server` said about itself; None when none runs."""
     for folder in _folders():
         try:
-            handle = (folder / _name(server)).open("r")
-        except OSError:
+            handle = open_regular(folder / _name(server))  # a shared folder: a FIFO there would block
+        except (OSError, FileRefused):
             continue
         with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:  # held: an agent runs
                 with contextlib.suppress(ValueError):
-                    facts = json.loads(handle.read() or "{}")
+                    facts = json.loads(handle.read(64 << 10) or "{}")
                     if isinstance(facts, dict) and facts.get("server") == server:
                         return facts
                 return {"server": server}

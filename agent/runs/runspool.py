@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracehouse.regularfile import read_regular
+
 if TYPE_CHECKING:
     from tracehouse.channel import ClientSecurity
 
@@ -50,8 +52,8 @@ def lock(folder: Path) -> Any:
 def spool_server(folder: Path) -> str | None:
     """The server a run's spool is for; None for a folder that does not say."""
     try:
-        return (folder / SERVER_FILE).read_text().strip() or None
-    except OSError:
+        return read_regular(folder / SERVER_FILE, 4096).decode().strip() or None
+    except (OSError, ValueError):  # not a regular file, too long, not UTF-8
         return None
 
 

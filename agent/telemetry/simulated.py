@@ -24,6 +24,7 @@ from pathlib import Path
 from agent.telemetry.gpu import DeviceInfo, GpuLost, ProcessReading
 from tracehouse import config
 from tracehouse import metrics as m
+from tracehouse.regularfile import read_regular
 
 GIB = 1 << 30
 MEMORY = 80 * GIB
@@ -163,7 +164,7 @@ class SimulatedBackend:
         for path in sorted(self.declarations.glob(f"*.{gpu}.json")) if self.declarations.is_dir() else []:
             try:
                 pid = int(path.name.split(".")[0])
-                use = json.loads(path.read_text())
+                use = json.loads(read_regular(path, 4096))
                 memory, sm = float(use["memory_bytes"]), float(use["sm_pct"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # being written, or not a declaration

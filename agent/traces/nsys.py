@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -48,7 +49,7 @@ from agent.traces.nsys_sources import (
 )
 from agent.traces.nsys_sources import MEMCPY_KINDS as MEMCPY_KINDS  # for those who import it from here
 from agent.traces.nsys_strings import MAX_STRING, clean_strings, cut, decoded, sqlite_text, text_sql
-from agent.traces.tracefile import MAX_EVENT_NS, MAX_TIME_NS, SQLITE_MAGIC, TraceFileError, check_regular
+from agent.traces.tracefile import MAX_EVENT_NS, MAX_TIME_NS, SQLITE_MAGIC, TraceFileError, open_regular
 from tracehouse.model import DEFAULT_LIMITS
 
 MAX_NAME = DEFAULT_LIMITS.max_name_bytes  # host, metric and GPU names
@@ -452,15 +453,11 @@ def _one_line(error: BaseException) -> str:
 
 
 def _check_file(path: Path) -> None:
-    try:
-        check_regular(path)
-    except TraceFileError as error:
-        raise NsysError(str(error)) from None
     for suffix in ("-journal", "-wal"):
         if path.with_name(path.name + suffix).exists():
             raise NsysError(f"{path.name}: still being written ({path.name}{suffix} exists); import it when done")
     try:
-        with path.open("rb") as file:
+        with _opened(path) as file:
             head = file.read(len(SQLITE_MAGIC))
     except OSError as error:
         raise NsysError(f"{path}: cannot read it ({error.strerror})") from None
@@ -470,8 +467,15 @@ def _check_file(path: Path) -> None:
         raise NsysError(f"{path.name}: not a SQLite file")
 
 
+def _opened(path: Path) -> io.BufferedReader:
+    try:
+        return open_regular(path)
+    except TraceFileError as error:
+        raise NsysError(str(error)) from None
+
+
 def _digest(path: Path) -> str:
-    with path.open("rb") as file:
+    with _opened(path) as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from agent.telemetry.gpu import DeviceInfo
-from tracehouse import model
+from tracehouse import model, regularfile
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -118,42 +116,13 @@ def sniff(path: Path) -> str:
 # -- opening ------------------------------------------------------------------------------------
 
 
-def check_regular(path: Path) -> os.stat_result:
-    """The file's stat if it is a regular file (or a link to one); else TraceFileError: a
-    directory, a FIFO or a device is refused before it is opened, so nothing blocks or reads
-    forever."""
-    try:
-        found = os.stat(path)
-    except FileNotFoundError:
-        raise TraceFileError(f"{path}: no such file") from None
-    except OSError as error:
-        raise TraceFileError(f"{path}: cannot read it ({error.strerror})") from None
-    if not stat.S_ISREG(found.st_mode):
-        raise TraceFileError(f"{path}: not a regular file ({_kind(found.st_mode)})")
-    return found
-
-
 def open_regular(path: Path) -> io.BufferedReader:
-    """`path` opened for reading, if it is a regular file; checked again once open (O_NONBLOCK: a
-    FIFO swapped in after the check does not block the open)."""
-    check_regular(path)
+    """`path` opened for reading if it is a regular file (tracehouse/regularfile.py), else TraceFileError:
+    a directory, a FIFO or a device is refused before anything blocks or reads forever."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise TraceFileError(f"{path}: cannot read it ({error.strerror})") from None
-    mode = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(descriptor)
-        raise TraceFileError(f"{path}: not a regular file ({_kind(mode)})")
-    return os.fdopen(descriptor, "rb")
-
-
-def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
-        if test(mode):
-            return kind
-    return "not a file"
+        return regularfile.open_regular(path)
+    except regularfile.FileRefused as error:
+        raise TraceFileError(str(error)) from None
 
 
 # -- JSON text, checked before any parser sees it ------------------------------------------------

@@ -11,9 +11,11 @@ from agent.shipping.spool import EncodedBatch
 from agent.traces.importer import import_export
 from agent.traces.tracefile import TraceFileError
 from tracehouse.batch import encode_request
+from tracehouse.regularfile import read_regular
 from tracehouse.v1 import batch_pb2
 
 log = logging.getLogger("tracehouse.agent.watch")
+MAX_STATE_BYTES = 64 << 20  # what was imported: a line of JSON a file
 
 
 class ShipperSink:
@@ -48,7 +50,7 @@ class FolderWatcher:
 
     def _load(self) -> dict[str, str]:
         try:
-            return dict(json.loads(self.state.read_text()))
+            return dict(json.loads(read_regular(self.state, MAX_STATE_BYTES)))
         except (OSError, ValueError):
             return {}
 
