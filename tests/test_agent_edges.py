@@ -23,6 +23,7 @@ from agent.traces.nsys_synthetic import KERNELS, write_export
 from query.client import Client
 from tests.helpers import telemetry, wait_until
 from tracehouse.batch import encode_request
+from tracehouse.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STRING = 64 << 10
@@ -195,3 +196,26 @@ def test_a_fifo_or_a_device_named_as_a_matrix_or_token_file_is_one_line_not_a_ha
         except subprocess.TimeoutExpired:
             raise AssertionError(f"tracehouse {' '.join(args)} blocked") from None
         assert done.returncode == 2 and done.stderr == f"tracehouse: {said}\n", done.stderr[-2000:]
+
+
+# -- the CLI's edges -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--skip", "99999999999"], "argument --skip: 99999999999 steps: from 0 to 4,294,967,295"),
+        (["--skip", "-1"], "argument --skip: -1 steps: from 0 to 4,294,967,295"),
+        (["--window", "99999999999d"], "argument --window: 99999999999d: a window lasts from 1ms to 366d"),
+        (["--timeout", "nan"], "argument --timeout: nan must be a positive number of seconds"),
+        (["--timeout", "1e300"], "argument --timeout: 1e300 s: at most 86400 s (a day)"),
+    ],
+)
+def test_verdict_numbers_out_of_range_are_one_line_not_a_traceback(
+    option: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["verdict", *option, "--server", "127.0.0.1:1", "arm=a", "arm=b"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"tracehouse verdict: error: {said}" and "Traceback" not in err

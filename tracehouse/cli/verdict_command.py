@@ -15,10 +15,14 @@ from tracehouse.cli.options import (
     _add_server_option,
     _client_security,
     _duration,
+    _seconds,
 )
+from tracehouse.model import MAX_EVENT_NS
 
 MEASURES = ("step_time", "throughput", "gpu_busy", "energy", "gpu_util")
 EXIT_SLOWER = 1
+MAX_SKIP = 2**32 - 1  # what the request carries
+MAX_TIMEOUT_S = 86_400.0
 
 
 def _fraction(text: str) -> float:
@@ -46,8 +50,23 @@ def _skip(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must not be negative")
+    if not 0 <= value <= MAX_SKIP:
+        raise argparse.ArgumentTypeError(f"{value} steps: from 0 to {MAX_SKIP:,}")
+    return value
+
+
+def _window(text: str) -> int:
+    """A duration of at least 1 ms and at most 366 days, the longest a run's event lasts."""
+    value = _duration(text)
+    if not 1_000_000 <= value <= MAX_EVENT_NS:
+        raise argparse.ArgumentTypeError(f"{text}: a window lasts from 1ms to 366d")
+    return value
+
+
+def _timeout(text: str) -> float:
+    value = _seconds(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text} s: at most {MAX_TIMEOUT_S:g} s (a day)")
     return value
 
 
@@ -83,7 +102,7 @@ def _add_verdict(commands: Any) -> None:
     verdict.add_argument("--steps", default="", metavar="REGEX",
                          help="NVTX ranges so named are steps where a run has none (default: step, iteration, "
                          "ProfilerStep#N, ...)")  # fmt: skip
-    verdict.add_argument("--window", type=_duration, default=0, metavar="DURATION",
+    verdict.add_argument("--window", type=_window, default=0, metavar="DURATION",
                          help="runs without steps: compare windows this long (default 10s)")  # fmt: skip
     verdict.add_argument("--min-effect", type=_fraction, default=0.0, metavar="PCT",
                          help="the smallest change worth telling (default 2%%)")  # fmt: skip
@@ -91,7 +110,7 @@ def _add_verdict(commands: Any) -> None:
                          help="exit 1 when B may be slower than this (the upper bound of its slowdown)")  # fmt: skip
     verdict.add_argument("--format", choices=("table", "json", "markdown"), default="table",
                          help="table for people; json for programs (exact ns); markdown for a PR comment")  # fmt: skip
-    verdict.add_argument("--timeout", type=float, default=120.0, help="seconds (default %(default)s)")
+    verdict.add_argument("--timeout", type=_timeout, default=120.0, help="seconds (default %(default)s)")
     _add_server_option(verdict)
     _add_client_security(verdict)
 
