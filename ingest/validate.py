@@ -252,6 +252,7 @@ def _run_and_host(
                 check_id(field, text, limits)
             else:
                 _check_name(field, text, limits)
+                _check_printable(field, text)
         out.append(array)
     return out[0], out[1]
 
@@ -260,6 +261,12 @@ def _check_name(field: str, text: str, limits: Limits) -> None:
     if not text:
         raise BatchError(field, "must not be empty")
     _check_text(field, text, limits.max_name_bytes)
+
+
+def _check_printable(field: str, host: str) -> None:
+    """A host name shown in tables, logs and capture requests: no control characters."""
+    if not host.isprintable():
+        raise BatchError(field, f"{host[:64]!r} holds control characters")
 
 
 def _samples(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Table | None:
@@ -425,6 +432,7 @@ def _runs(runs: Sequence[batch_pb2.Run], limits: Limits, received_ns: int) -> pa
             raise BatchError(f"{field}.source", f"{run.source[:64]!r} is not one of {', '.join(RUN_SOURCES)}")
         _check_text(f"{field}.name", run.name, limits.max_string_bytes)
         _check_text(f"{field}.host", run.host, limits.max_name_bytes)
+        _check_printable(f"{field}.host", run.host)
         _check_time(f"{field}.start", run.start)
         if run.HasField("end"):
             _check_time(f"{field}.end", run.end)
@@ -455,6 +463,7 @@ def _devices(devices: Sequence[batch_pb2.Device], limits: Limits, received_ns: i
     for i, device in enumerate(devices):
         field = f"devices[{i}]"
         _check_name(f"{field}.host", device.host, limits)
+        _check_printable(f"{field}.host", device.host)
         if not 0 <= device.gpu <= limits.max_gpu_index:
             raise BatchError(f"{field}.gpu", f"{device.gpu} is not a GPU index (0..{limits.max_gpu_index})")
         for name in ("uuid", "name", "driver", "pci_bus_id"):

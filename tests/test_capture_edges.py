@@ -83,6 +83,22 @@ def test_every_number_and_name_a_capture_call_carries_is_checked(
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and refused.details().startswith(said), refused.details()
 
 
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda host: BatchBuilder("b1", run_id="r", host=host).add_events("step", [1], [2], "step"), "events.host"),
+        (lambda host: BatchBuilder("b1").add_run("r", host=host, source="user", start=1), "runs[0].host"),
+        (lambda host: BatchBuilder("b1").add_device(host, 0), "devices[0].host"),
+    ],
+)
+def test_a_batch_host_name_with_control_characters_is_refused_as_a_reports(
+    ingest: ingest_pb2_grpc.IngestStub, build: Any, field: str
+) -> None:
+    refused = refusal(ingest.Write, request(build("node\x1b[31m-7")))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == f"{field}: 'node\\x1b[31m-7' holds control characters"
+
+
 def store_old_record(store: Store, run_id: str) -> None:
     """A request and a report as a server before these checks kept them: sizes past int64."""
     now = time.time_ns()
