@@ -12,6 +12,7 @@ their names that callers use are importable from here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -84,6 +85,7 @@ _MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
 _TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
 _MEMORY = 241  # MEMORY_LIMIT_EXCEEDED
 BUSY_RETRY_MS = 1000  # what a read refused for want of a place is told to wait
+_READER_NICE = 19  # the engine's os_thread_priority for reads: the lowest
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,9 @@ class Store:
         # writes (and the reads they need) have clients that no reader can take; tracehouse's own reads
         # have at most query_max_concurrent others, each a session of its own that keeps its bounds
         self._writers = _ClientPool(self._connect, pool_size)
+        nice = location.engine == "chdb" and _can_renice()  # a ClickHouse server's threads are its own to rank
         self._readers = _ClientPool(
-            lambda: self._connect(_reader_settings(limits)), max(1, limits.query_max_concurrent)
+            lambda: self._connect(_reader_settings(limits, nice)), max(1, limits.query_max_concurrent)
         )
         self._write_lock = threading.Lock()  # a batch written twice at once is stored once
         self._claimed: dict[str, tuple[Group, threading.Event]] = {}  # batch id -> its group, being stored
@@ -808,13 +811,38 @@ class Store:
         )
 
 
-def _reader_settings(limits: Limits) -> dict[str, Any]:
-    """What each reader's session keeps: its bounds (its clients run nothing else)."""
+def _reader_settings(limits: Limits, nice: bool) -> dict[str, Any]:
+    """What each reader's session keeps: its bounds (its clients run nothing else), and, when `nice`, threads
+    of the lowest priority: on a busy machine, reads take the CPU that writes leave."""
     return {
         "max_execution_time": limits.query_max_seconds,
         "max_memory_usage": limits.query_max_memory_bytes // max(1, limits.query_max_concurrent),
         "max_threads": limits.query_max_threads or max(1, len(os.sched_getaffinity(0)) // 2),
+        **({"os_thread_priority": _READER_NICE} if nice else {}),
     }
+
+
+@functools.cache
+def _can_renice() -> bool:
+    """Whether this process may give a thread back the priority it lowered (CAP_SYS_NICE, as root): the
+    engine lowers the priority of the threads that run a read and gives it back after; without that,
+    its shared threads would stay low, and a write's turn on one of them too."""
+    able: list[bool] = []
+
+    def probe() -> None:
+        thread = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, thread)
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, now + 1)
+            os.setpriority(os.PRIO_PROCESS, thread, now)
+            able.append(True)
+        except OSError:
+            able.append(False)
+
+    prober = threading.Thread(target=probe)  # a thread of its own: left lower, it ends
+    prober.start()
+    prober.join()
+    return able[0]
 
 
 def without_materialized_cte(sql: str) -> str:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from ingest.store import Store
+from ingest.store import Store, _can_renice
 from ingest.storeerrors import QueryTooLarge, StoreError
 from tests.conftest import small_limits
 from tests.helpers import request, telemetry, wait_until
@@ -125,3 +125,8 @@ def test_a_read_past_its_share_of_memory_is_refused_and_the_server_answers_the_n
     assert error.details().startswith("the query needed more than its 512 KiB of memory (reads at once share 1 MiB)")
     assert {run.run_id for run in stub.ListRuns(query_pb2.ListRunsRequest(), timeout=30).runs} == {"r1", "r2"}
     assert ingest.Write(request(telemetry("after-refusal")), timeout=30).samples == 400
+
+
+def test_reads_run_at_the_lowest_priority_where_the_server_can_give_it_back(store: Store) -> None:
+    lowest = 19 if _can_renice() else 0  # without CAP_SYS_NICE the engine's shared threads would stay low
+    assert store.query("SELECT getSetting('os_thread_priority') AS nice").to_pylist() == [{"nice": lowest}]
