@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool, encode
 from agent.traces.nsys_strings import cut
-from agent.traces.nsys_synthetic import KERNELS, write_export
+from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from query.client import Client
 from tests.helpers import telemetry, wait_until
 from tracehouse.batch import encode_request
@@ -219,3 +220,37 @@ def test_verdict_numbers_out_of_range_are_one_line_not_a_traceback(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == f"tracehouse verdict: error: {said}" and "Traceback" not in err
+
+
+def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finishes_it(
+    tmp_path: Path, address: str, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "big.sqlite"
+    write_export(path, Spec(steps=2000, kernels_per_step=100))  # 600 k rows: seconds to import
+    command = ["import", "--server", address, "--host", "edge-import", str(path)]
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", *command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    stored = "SELECT count() AS n FROM events WHERE host = 'edge-import'"
+    try:
+        wait_until(lambda: int(client.sql(stored)["n"][0]) > 0 or importing.poll() is not None, 60, "a batch stored")
+        importing.send_signal(signal.SIGINT)
+        out, err = importing.communicate(timeout=30)
+    finally:
+        importing.kill()
+    assert importing.returncode == 130, err[-2000:]
+    assert out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracehouse: big.sqlite: interrupted after "), err[-2000:]
+    again = lines[0].rpartition(": ")[2]
+    assert shlex.split(again) == ["tracehouse", *command], "the hint runs the same import"
+    assert client.sql("SELECT count() AS n FROM runs WHERE host = 'edge-import' AND NOT importing")["n"][0] == 0
+
+    assert main(command) == 0, "the hint, run: it finishes the import"
+    shipped = sum(json.loads(capsys.readouterr().out)["events"].values())
+    counts = client.sql(
+        "SELECT count() AS n, uniqExact(id) AS ids FROM events WHERE host = 'edge-import' "
+        "AND kind NOT IN ('process', 'thread')"  # named by the import, not counted in its events
+    ).iloc[0]
+    assert int(counts["n"]) == int(counts["ids"]) == shipped, "every event once: nothing stored twice"

@@ -96,6 +96,16 @@ class BatchWriter:
             if not busy:
                 delay = min(delay * 2, 10.0)
 
+    def abandon(self) -> int:
+        """Stop writing (Ctrl-C): batches not yet sent are not sent, those in flight are waited for;
+        how many batches the server took in all."""
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        taken = sum(1 for future in self._pending if not future.cancelled() and future.exception() is None)
+        self._pending = []
+        return self.batches + taken
+
     def close(self) -> None:
         for future in self._pending:
             future.cancel()

@@ -162,6 +162,8 @@ def run_demo_train(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    import shlex
+    import signal
     import socket
 
     from agent.shipping.writer import BatchWriter, WriteFailed
@@ -170,6 +172,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     writer = BatchWriter(args.server or config.default_server(), _client_security(args))
     status = 0
+    path = args.files[0]
     try:
         for path in args.files:
             progress = _Progress(path.name) if sys.stderr.isatty() else None
@@ -196,6 +199,13 @@ def run_import(args: argparse.Namespace) -> int:
                 print(f"tracehouse: {path.name}: filed under this machine, {result.host} (--host to choose another)",
                       file=sys.stderr)  # fmt: skip
             print(result.json(), flush=True)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
+        stored = writer.abandon()
+        again = shlex.join(["tracehouse", *args.typed])
+        print(f"tracehouse: {path.name}: interrupted after {stored} batches were stored; its run stays hidden until "
+              f"the import is run again, which stores only the rest: {again}", file=sys.stderr)  # fmt: skip
+        return 128 + signal.SIGINT
     finally:
         writer.close()
     return status
