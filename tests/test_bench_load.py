@@ -183,11 +183,29 @@ def test_bench_load_writers_with_serve_killed_loses_nothing_and_stores_nothing_t
     assert set(result["goal"]) == {"lost", "duplicated", "met"} and result["goal"]["met"]
 
 
+def test_bench_load_writers_beside_readers_reports_both_p99s_and_their_ratio() -> None:
+    result = bench_fleet(
+        3, gpus=1, interval=0.5, seconds=2.0, channels=2, baseline_seconds=0.3, readers=2, read_events=20_000
+    )
+    p99 = result["write_p99_ms"]
+    assert p99["without_readers"] == result["ack_latency_ms"]["p99"] > 0
+    assert p99["with_readers"] == result["with_readers"]["ack_latency_ms"]["p99"] > 0
+    assert p99["ratio"] == round(p99["with_readers"] / p99["without_readers"], 2)
+    assert result["goal"]["write_p99_beside_readers"]["measured"] == p99["ratio"]
+    for figures in (result, result["with_readers"]):
+        assert (figures["lost"], figures["duplicated"]) == (0, 0)
+    readers = result["readers"]
+    assert readers["readers"] == 2 and 18_000 < readers["events"] < 22_000, "about as many events as asked"
+    asked = readers.get("answered", 0) + readers.get("refused_busy", 0) + readers.get("refused_too_large", 0)
+    assert asked > 0 and not [key for key in readers if key.startswith("failed_")], readers
+
+
 def test_bench_load_options(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     args = parser.parse_args(["bench", "load", "--writers", "1000", "--kill-at", "20", "--channels", "64"])
     assert (args.writers, args.kill_at, args.channels, args.interval, args.gpus) == (1000, 20.0, 64, None, 8)
     assert parser.parse_args(["bench", "load"]).writers is None, "--agents stays the default"
+    assert parser.parse_args(["bench", "load", "--writers", "200", "--readers", "12"]).readers == 12
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "load", "--agents", "2", "--writers", "3"])
     capsys.readouterr()
@@ -195,6 +213,7 @@ def test_bench_load_options(capsys: pytest.CaptureFixture[str]) -> None:
         (["--writers", "2", "--interval", "0.05"], "--interval"),
         (["--writers", "2", "--seconds", "5", "--kill-at", "9"], "--kill-at"),
         (["--agents", "2", "--kill-at", "1"], "--kill-at"),
+        (["--agents", "2", "--readers", "4"], "--readers"),
     ):
         assert main(["bench", "load", *refused]) == 2
         error = capsys.readouterr().err.strip()

@@ -1,12 +1,15 @@
 """`tracehouse bench load`: a fleet against one `tracehouse serve`: the rate the server accepts against
 the rate the fleet offers, what each value costs the server, and whether every value was stored once.
 `--agents`: that many real agents in this process; `--writers`: that many agents' batches, encoded once
-and replayed over many channels (tracehouse/bench/payloads.py, fleet.py), at the scale of a fleet."""
+and replayed over many channels (tracehouse/bench/payloads.py, fleet.py), at the scale of a fleet; with
+`--readers`, the writers twice on two copies of one filled store: alone, then beside heavy readers."""
 
 from __future__ import annotations
 
 import collections
+import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -25,6 +28,11 @@ from tracehouse.bench.common import _listening, _stamp, serving, start_serve
 from tracehouse.bench.fleet import replay
 from tracehouse.bench.fleetreport import Server, fleet_report, read_store
 from tracehouse.bench.payloads import MS, FleetBatches
+from tracehouse.bench.query import _synthetic_run
+
+READ_RUN = "bench-run"  # the run tracehouse/bench/query.py fills the store with
+READ_BUCKETS = READ_PAGE = 100_000  # what each heavy reader asks for: the most the Query service answers
+READERS_WARM_S = 2.0  # the readers run this long before the writers start
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -167,41 +175,37 @@ def bench_fleet(
     kill_at: float | None = None,
     restart_after: float = 5.0,
     baseline_seconds: float = 5.0,
+    readers: int = 0,
+    read_events: int = 8_000_000,
 ) -> dict[str, Any]:
     """`writers` agents' batches (`gpus` GPUs at 10 Hz, one batch every `interval` s each) for `seconds`
     against `tracehouse serve` on a temporary embedded store, killed (-9) at `kill_at` and started again
     `restart_after` s later when asked. The baseline: the same generator for `baseline_seconds`, each writer
     sending as fast as it is answered, against a server that drops every write: the most it can offer.
-    Then the store, opened in this process, tells what it holds of each batch and how many inserts made it."""
+    Then the store, opened in this process, tells what it holds of each batch and how many inserts made it.
+    With `readers`: the store first holds a traced run of about `read_events` events, and the writers run twice,
+    each time against a serve on a copy of it: alone, then beside `readers` heavy readers of that run."""
 
     if kill_at is not None and not 0 <= kill_at < seconds:
         raise ValueError(f"--kill-at: {kill_at} s is not within the run's {seconds} s")
     batches = FleetBatches(writers, gpus, round(interval * 1000))
     ceiling = _generator_ceiling(batches, channels, baseline_seconds)
+    options = {"--max-pending-bytes": max_pending_bytes, "--ack-target-ms": ack_target_ms,
+               "--commit-rows": commit_rows}  # fmt: skip
+    if ack_within_ms is not None:
+        options["--ack-within-ms"] = ack_within_ms
+    serve_options = tuple(text for pair in options.items() for text in map(str, pair))
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
-        options = {"--max-pending-bytes": max_pending_bytes, "--ack-target-ms": ack_target_ms,
-                   "--commit-rows": commit_rows}  # fmt: skip
-        if ack_within_ms is not None:
-            options["--ack-within-ms"] = ack_within_ms
-        serve = _Serve(folder, tuple(text for pair in options.items() for text in map(str, pair)))
-        try:
-            cpu: list[tuple[float, float, collections.Counter[str]]] = []  # serve's, this process's, serve's by thread
-            mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time(), serve.thread_cpu()))  # noqa: E731
-            hooks = [(0.0, mark), (seconds, mark)]
-            if kill_at is not None:
-                hooks += [(kill_at, serve.kill), (kill_at + restart_after, serve.restart)]
-            base_ns = time.time_ns() // MS * MS
-            drain_s = max(30.0, seconds) + (restart_after if kill_at is not None else 0.0)
-            run = replay(batches, serve.address, seconds, channels, base_ns, drain_s=drain_s, hooks=hooks)
-        finally:
-            serve.stop()
-        stored = read_store(folder, batches, base_ns)
-    (serve_start, generator_start, threads_start), (serve_end, generator_end, threads_end) = cpu
-    threads = {kind: (ticks - threads_start[kind]) / _TICKS_PER_S for kind, ticks in threads_end.items()}
-    server = Server(serve_end - serve_start, generator_end - generator_start, serve.peak_mb, serve.kills, threads)
-    figures = fleet_report(batches, run, seconds, kill_at, server, stored)
+        events = _filled(folder, read_events) if readers else 0
+        figures = _measured(batches, folder, "alone", serve_options, seconds, channels, kill_at, restart_after)
+        if readers:
+            beside = _measured(
+                batches, folder, "read", serve_options, seconds, channels, kill_at, restart_after, readers
+            )
     # how many times the offered rate this generator reaches alone: well above 1, it is not what limits
     ceiling["headroom"] = round(ceiling["values_per_s"] / figures["offered_values_per_s"], 1)
+    if readers:
+        figures = _beside_readers(figures, beside, readers, events)
     return {
         **_stamp("load", "chdb", "grpcio"),
         "writers": writers,
@@ -218,6 +222,165 @@ def bench_fleet(
         "baseline": ceiling,
         **figures,
     }
+
+
+def _measured(
+    batches: FleetBatches, folder: str, name: str, options: Sequence[str], seconds: float, channels: int,
+    kill_at: float | None, restart_after: float, readers: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """The writers' figures against a serve on its own copy of the store in `folder` (none there: a new
+    one), with `readers` heavy readers asking meanwhile (their tally under "readers")."""
+    here = os.path.join(folder, name)
+    os.makedirs(here)
+    if os.path.isdir(os.path.join(folder, "store")):
+        shutil.copytree(os.path.join(folder, "store"), os.path.join(here, "store"), symlinks=True)
+    serve = _Serve(here, options)
+    reading = _HeavyReaders(serve.address, readers, here) if readers else None
+    try:
+        cpu: list[tuple[float, float, collections.Counter[str]]] = []  # serve's, this process's, serve's by thread
+        mark = lambda: cpu.append((serve.cpu_seconds(), time.process_time(), serve.thread_cpu()))  # noqa: E731
+        hooks = [(0.0, mark), (seconds, mark)]
+        if kill_at is not None:
+            hooks += [(kill_at, serve.kill), (kill_at + restart_after, serve.restart)]
+        base_ns = time.time_ns() // MS * MS
+        drain_s = max(30.0, seconds) + (restart_after if kill_at is not None else 0.0)
+        run = replay(batches, serve.address, seconds, channels, base_ns, drain_s=drain_s, hooks=hooks)
+    finally:
+        tally = reading.stop() if reading is not None else None
+        serve.stop()
+    stored = read_store(here, batches, base_ns)
+    (serve_start, generator_start, threads_start), (serve_end, generator_end, threads_end) = cpu
+    threads = {kind: (ticks - threads_start[kind]) / _TICKS_PER_S for kind, ticks in threads_end.items()}
+    server = Server(serve_end - serve_start, generator_end - generator_start, serve.peak_mb, serve.kills, threads)
+    figures = fleet_report(batches, run, seconds, kill_at, server, stored)
+    return figures if tally is None else figures | {"readers": tally}
+
+
+def _filled(folder: str, events: int) -> int:
+    """A store in `folder` with one traced run of about `events` events for the readers (the run of
+    `bench query`); how many events it holds."""
+    from ingest.store import Store
+    from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
+
+    with Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS) as store:
+        kernels = max(1, events * 10 // 21)  # as many launch calls, and a tenth as many NVTX ranges
+        _synthetic_run(store, kernels, kernels // 10, 1000, time.time_ns() - 86_400 * 10**9)
+        for table in ("samples", *ROLLUP_SECONDS):  # the writers' alone, as read_store counts them
+            store.execute(f"TRUNCATE TABLE {{db}}.{table}")
+        return int(store.query("SELECT count() AS n FROM {db}.events").column("n")[0].as_py())
+
+
+def _beside_readers(alone: dict[str, Any], beside: dict[str, Any], readers: int, events: int) -> dict[str, Any]:
+    """The writers' figures alone, with those beside the readers and the ratio of their p99s."""
+    without, with_readers = alone["ack_latency_ms"]["p99"], beside["ack_latency_ms"]["p99"]
+    ratio = round(with_readers / without, 2) if without and with_readers is not None else None
+    compared = {
+        "goal": "<= 2",
+        "measured": ratio,
+        "met": ratio is not None and ratio <= 2 and beside["lost"] == beside["duplicated"] == 0,
+    }
+    kept = (
+        "accepted_values_per_s", "ratio", "ack_latency_ms", "delivery_delay_ms", "server_cpu_seconds",
+        "server_cpu_us_per_value", "server_cpu_us_per_value_by_thread", "server_peak_rss_mb", "lost", "duplicated",
+        "resource_exhausted", "unavailable", "deadline_exceeded", "other_errors", "first_other_error", "refused",
+    )  # fmt: skip
+    goal = {name: judged for name, judged in alone["goal"].items() if name != "met"}
+    goal["write_p99_beside_readers"] = compared
+    return alone | {
+        "readers": {"readers": readers, "events": events, **beside["readers"]},
+        "with_readers": {name: beside[name] for name in kept},
+        "write_p99_ms": {"without_readers": without, "with_readers": with_readers, "ratio": ratio},
+        "goal": goal | {"met": all(judged["met"] for judged in goal.values())},
+    }
+
+
+class _HeavyReaders:
+    """`heavy_readers` as a child process (its threads take no turn from the writers' loop), started
+    READERS_WARM_S before the writers; `stop()` ends it and returns its tally."""
+
+    def __init__(self, address: str, readers: int, folder: str) -> None:
+        import subprocess
+        import sys
+
+        from agent.runs.children import with_parent
+        from tracehouse.bench.common import _child_environment
+
+        code = f"from tracehouse.bench.load import heavy_readers; heavy_readers({address!r}, {readers})"
+        self.process = subprocess.Popen(
+            with_parent([sys.executable, "-c", code]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=_child_environment(folder), text=True,
+        )  # fmt: skip
+        time.sleep(READERS_WARM_S)
+
+    def stop(self) -> dict[str, Any]:
+        out, _ = self.process.communicate("stop\n", timeout=300)
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the heavy readers failed (exit {self.process.returncode})")
+        tally: dict[str, Any] = json.loads(out)
+        return tally
+
+
+def heavy_readers(address: str, readers: int) -> None:
+    """`readers` threads, each asking `address` again and again for the bench's run (even ones its lanes in
+    READ_BUCKETS buckets, odd ones a page of READ_PAGE events; a refusal for want of a place is followed by
+    the pause it asks for), until a line arrives on stdin; then their tally, as JSON on stdout."""
+    import grpc
+
+    from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
+    from tracehouse.v1 import query_pb2
+
+    window = query_pb2.Window(run_id=READ_RUN)
+    asks = (
+        ("/tracehouse.v1.Query/Lanes", query_pb2.LanesRequest(window=window, buckets=READ_BUCKETS)),
+        ("/tracehouse.v1.Query/Events", query_pb2.EventsRequest(window=window, page_size=READ_PAGE)),
+    )
+    stop = threading.Event()
+    tally: collections.Counter[str] = collections.Counter()
+    answered_ms: list[float] = []
+    refused_ms: list[float] = []
+
+    def read(i: int) -> None:
+        method, ask = asks[i % len(asks)]
+        options = [("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES)]
+        with grpc.insecure_channel(address, options=options) as channel:
+            call = channel.unary_unary(method)  # bytes in, bytes out: nothing decoded here
+            payload = ask.SerializeToString()
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    call(payload, timeout=300)
+                except grpc.RpcError as error:
+                    code = error.code()
+                    hint = dict(error.trailing_metadata() or ()).get(PUSHBACK_KEY)
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None:
+                        tally["refused_busy"] += 1
+                        refused_ms.append(1000 * (time.monotonic() - started))
+                        stop.wait(int(hint) / 1000 * (0.5 + np.random.random()))
+                    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        tally["refused_too_large"] += 1  # past its time or memory
+                    else:
+                        tally[f"failed_{code.name.lower()}"] += 1
+                    continue
+                tally["answered"] += 1
+                answered_ms.append(1000 * (time.monotonic() - started))
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+    for thread in threads:
+        thread.start()
+    input()
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+    def spread(ms: list[float]) -> dict[str, int | None]:
+        return {
+            q: round(float(np.percentile(ms, p))) if ms else None for q, p in (("p50", 50), ("p99", 99), ("max", 100))
+        }
+
+    asked = f"lanes of {READ_BUCKETS} buckets and pages of {READ_PAGE} events, by turns"
+    print(
+        json.dumps({"asked": asked, **tally, "answer_ms": spread(answered_ms), "busy_refusal_ms": spread(refused_ms)})
+    )
 
 
 class _Serve:

@@ -57,6 +57,7 @@ def _main(args: argparse.Namespace) -> int:
                 args.writers, args.gpus, args.interval or 2.0, args.seconds, channels=args.channels,
                 max_pending_bytes=args.max_pending_bytes, ack_target_ms=args.ack_target_ms,
                 ack_within_ms=args.ack_within_ms, commit_rows=args.commit_rows, kill_at=args.kill_at,
+                readers=args.readers or 0,
             )  # fmt: skip
         except ValueError as refused:
             print(f"tracehouse: {refused}", file=sys.stderr)
@@ -64,9 +65,10 @@ def _main(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
     if args.what == "load":
-        if args.kill_at is not None:
-            print("tracehouse: --kill-at: only with --writers", file=sys.stderr)
-            return 2
+        for given, option in ((args.kill_at, "--kill-at"), (args.readers, "--readers")):
+            if given is not None:
+                print(f"tracehouse: {option}: only with --writers", file=sys.stderr)
+                return 2
         result = bench_load(args.agents, args.gpus, args.interval or 0.1, args.seconds, args.max_pending_bytes)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1

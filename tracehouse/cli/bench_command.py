@@ -80,6 +80,11 @@ def _add_bench(commands: Any) -> None:
         help="--writers: the server's --ack-within-ms (default: none, answered once stored)",
     )  # fmt: skip
     load.add_argument(
+        "--readers", type=_positive, default=None, metavar="N",
+        help="--writers: run them twice, alone and beside N readers asking a filled store for heavy lanes and "
+        "event pages; compares the writes' p99",
+    )  # fmt: skip
+    load.add_argument(
         "--commit-rows", type=_positive, default=DEFAULT_MAX_ROWS, metavar="ROWS",
         help="--writers: the server's --commit-rows (default %(default)s)",
     )  # fmt: skip
