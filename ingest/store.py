@@ -85,7 +85,7 @@ _MATERIALIZED_CTE = re.compile(r"\bAS MATERIALIZED \(")
 _TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
 _MEMORY = 241  # MEMORY_LIMIT_EXCEEDED
 BUSY_RETRY_MS = 1000  # what a read refused for want of a place is told to wait
-_READER_NICE = 19  # the engine's os_thread_priority for reads: the lowest
+_READER_NICE = 19  # the nice value of the engine threads that run a read: the lowest priority
 
 
 @dataclass(frozen=True)
@@ -188,9 +188,11 @@ class Store:
         # writes (and the reads they need) have clients that no reader can take; tracehouse's own reads
         # have at most query_max_concurrent others, each a session of its own that keeps its bounds
         self._writers = _ClientPool(self._connect, pool_size)
-        nice = location.engine == "chdb" and _can_renice()  # a ClickHouse server's threads are its own to rank
+        # reads (users' SQL too) run at the lowest CPU priority: on a busy machine they take what writes leave;
+        # only in this process (a ClickHouse server ranks its own threads), where it can be given back
+        low = {"os_threads_nice_value_query": _READER_NICE} if location.engine == "chdb" and _can_renice() else {}
         self._readers = _ClientPool(
-            lambda: self._connect(_reader_settings(limits, nice)), max(1, limits.query_max_concurrent)
+            lambda: self._connect(low | _reader_settings(limits)), max(1, limits.query_max_concurrent)
         )
         self._write_lock = threading.Lock()  # a batch written twice at once is stored once
         self._claimed: dict[str, tuple[Group, threading.Event]] = {}  # batch id -> its group, being stored
@@ -205,7 +207,9 @@ class Store:
         # WITH x AS MATERIALIZED: ClickHouse 26.1 and newer, and not yet reliable over Distributed
         self.materialized_cte = False
         self._closed = False
-        self._user_sql = UserSql(location, limits, self.layout.cluster, self._connect)
+        self._user_sql = UserSql(
+            location, limits, self.layout.cluster, lambda settings: self._connect(low | dict(settings))
+        )
         self._fault: StoreNotWritable | None = None  # while the folder refuses writes
         self._listeners: list[Callable[[bool], None]] = []
         self._health_lock = threading.Lock()
@@ -811,14 +815,12 @@ class Store:
         )
 
 
-def _reader_settings(limits: Limits, nice: bool) -> dict[str, Any]:
-    """What each reader's session keeps: its bounds (its clients run nothing else), and, when `nice`, threads
-    of the lowest priority: on a busy machine, reads take the CPU that writes leave."""
+def _reader_settings(limits: Limits) -> dict[str, Any]:
+    """What each reader's session keeps: its bounds (its clients run nothing else)."""
     return {
         "max_execution_time": limits.query_max_seconds,
         "max_memory_usage": limits.query_max_memory_bytes // max(1, limits.query_max_concurrent),
         "max_threads": limits.query_max_threads or max(1, len(os.sched_getaffinity(0)) // 2),
-        **({"os_thread_priority": _READER_NICE} if nice else {}),
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -129,4 +129,37 @@ def test_a_read_past_its_share_of_memory_is_refused_and_the_server_answers_the_n
 
 def test_reads_run_at_the_lowest_priority_where_the_server_can_give_it_back(store: Store) -> None:
     lowest = 19 if _can_renice() else 0  # without CAP_SYS_NICE the engine's shared threads would stay low
-    assert store.query("SELECT getSetting('os_thread_priority') AS nice").to_pylist() == [{"nice": lowest}]
+    assert store.query("SELECT getSetting('os_threads_nice_value_query') AS nice").to_pylist() == [{"nice": lowest}]
+
+
+@pytest.mark.parametrize("limits", [small_limits(sql_max_seconds=5.0)])
+def test_users_sql_runs_at_the_lowest_priority_too(store: Store) -> None:
+    if not _can_renice():
+        pytest.skip("this process cannot give a thread's priority back (no CAP_SYS_NICE): reads run as writes do")
+    refused: list[BaseException] = []
+    user = threading.Thread(target=lambda: _refused(refused, store.user_sql, "SELECT count() FROM numbers(1e11)", 1))
+    user.start()
+    engine = store.location.client()
+    try:
+        seen: list[tuple[str, str]] = []
+
+        def running() -> bool:
+            seen[:] = engine.query(
+                "SELECT Settings['os_threads_nice_value_query'], Settings['readonly'] FROM system.processes "
+                "WHERE query LIKE '%numbers(1e11)%' AND query NOT LIKE '%processes%' AND query NOT LIKE 'EXPLAIN%'"
+            ).result_rows
+            return bool(seen)
+
+        wait_until(running, 30, "the user's query runs")
+        assert seen == [("19", "1")]
+    finally:
+        engine.close()
+        user.join()
+    assert len(refused) == 1, "stopped at sql_max_seconds"
+
+
+def _refused(into: list[BaseException], call: Callable[..., object], *args: object) -> None:
+    try:
+        call(*args)
+    except StoreError as error:
+        into.append(error)
