@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool, encode
+from agent.traces.importer import import_export
 from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from query.client import Client
+from tests.fuzz_worker import Sink
 from tests.helpers import telemetry, wait_until
 from tracehouse.batch import encode_request
 from tracehouse.cli.main import main
@@ -254,3 +256,30 @@ def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finish
         "AND kind NOT IN ('process', 'thread')"  # named by the import, not counted in its events
     ).iloc[0]
     assert int(counts["n"]) == int(counts["ids"]) == shipped, "every event once: nothing stored twice"
+
+
+# -- Kineto ids out of range -------------------------------------------------------------------------
+
+
+def test_kineto_ids_out_of_range_are_skipped_and_counted_not_filed_as_0(tmp_path: Path) -> None:
+    t0 = 1_790_000_000_000_000  # µs
+    cpu = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 8, "ts": t0, "dur": 5}
+    gpu = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0, "dur": 5,
+           "args": {"device": 0, "stream": 7}}  # fmt: skip
+    events = [
+        cpu, gpu,
+        {**cpu, "pid": 1e30}, {**cpu, "pid": -(2**40)}, {**cpu, "pid": 2**32}, {**cpu, "pid": 1.5},
+        {**cpu, "tid": 2**64}, {**cpu, "tid": -(2**31) - 1},
+        {**cpu, "tid": -247463936},  # a thread id past 2^31 as Kineto writes it (int32): kept, as `track`
+        {**gpu, "args": {"device": 99999, "stream": 7}}, {**gpu, "args": {"device": -2, "stream": 7}},
+        {**gpu, "args": {"device": 1e30, "stream": 7}},
+        {**cpu, "pid": "Spans", "tid": "PyTorch Profiler"},  # names of tracks, not ids: kept, as `track`
+    ]  # fmt: skip
+    path = tmp_path / "ids.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    sink = Sink()
+    result = import_export(path, sink, host="h")
+    assert result.events == {"cpu_op": 3, "kernel": 1}
+    assert result.skipped == {"pid out of range": 4, "tid out of range": 2, "device out of range": 3}
+    gpus = {int(g) for b in sink.batches for g in b.events.gpu}
+    assert gpus <= {0, -1} and 0 in gpus, "no kernel filed under no GPU"

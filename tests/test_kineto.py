@@ -305,7 +305,9 @@ def test_edge_cases(tmp_path: Path, writer: BatchWriter, client: Client) -> None
         {"ph": "X", "cat": "kernel", "name": "k_no_call", "pid": 0, "tid": 7, "ts": T0_US + 30, "dur": 2,
          "args": {"device": 3, "stream": 9, "correlation": 999, "grid": [1, 2], "bytes": "x"}},
         {"ph": "X", "cat": "kernel", "name": "k_ns", "pid": 0, "tid": 7, "ts": T0_US + Decimal("40.0005"),
-         "dur": Decimal("1.0015"), "args": {"device": 9999, "correlation": 5}},
+         "dur": Decimal("1.0015"), "args": {"device": -1, "correlation": 5}},
+        {"ph": "X", "cat": "kernel", "name": "k_past_the_gpus", "pid": 0, "tid": 7, "ts": T0_US + 20, "dur": 2,
+         "args": {"device": 9999}},  # no GPU index: skipped, not filed under no GPU
         {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel_v2", "pid": 1, "tid": 2, "ts": T0_US + 39,
          "dur": 1, "args": {"correlation": 5}},
         {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "pid": 0, "tid": -1, "ts": T0_US + 50, "dur": 4,
@@ -327,7 +329,7 @@ def test_edge_cases(tmp_path: Path, writer: BatchWriter, client: Client) -> None
     assert result.events == {"cpu_op": 4, "kernel": 3, "cuda_api": 2, "sync": 1, "nvtx": 1, "python": 1, "mark": 1}
     assert result.skipped == {
         "no time": 2, "bad duration": 1, "category something new": 1, "category NoneType": 1, "category list": 1,
-        "phase B": 1, "flow": 2, "not an event": 1, "time out of range": 1,
+        "phase B": 1, "flow": 2, "not an event": 1, "time out of range": 1, "device out of range": 1,
     }  # fmt: skip
     rows = client.events(run=result.run_id, limit=100).set_index("name")
     assert rows.loc["no dur", "start"] == rows.loc["no dur", "end"], "an X event without dur is an instant"

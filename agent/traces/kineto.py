@@ -39,8 +39,9 @@ What an event becomes, by its category (`cat`) and phase (`ph`); the table is CA
 - A trace whose events up to the first one with a time include none with a phase (`ph`, a
   string) is not a Chrome trace (a JSON list of metrics, say) and is refused.
 - Anything else (unknown categories, `Trace` spans, `cuda_profiler_range`, other phases, events
-  without a time, with a negative duration or one over 366 days, a time outside 1970..2200,
-  items that are not objects) is skipped and counted per reason (the result's `skipped`, the run's attrs). An `X`
+  without a time, with a negative duration or one over 366 days, a time outside 1970..2200, a
+  number for a pid, tid or `args.device` that is no id (1e30, 2^64, a GPU past 4095), items that
+  are not objects) is skipped and counted per reason (the result's `skipped`, the run's attrs). An `X`
   event without `dur` is an instant (end = start).
 
 Depth is the first lane of the thread (or GPU stream) free at the event's start, kept per

@@ -108,6 +108,16 @@ def uint_below(value: Any, bound: int) -> int | None:
     return value if type(value) is int and 0 <= value < bound else None
 
 
+INT32_LOW = -(1 << 31)  # Kineto writes ids past 2^31 as negative int32: kept, as `track`
+
+
+def _out_of_range(value: Any, end: int, low: int = INT32_LOW) -> bool:
+    """A number that is no id in [low, end): its event is skipped (counted), not filed under another id.
+    What is not a number (a track's name, absent) is not an id at all: the event keeps it as `track`."""
+    kind = type(value)
+    return (kind is int or kind is float or kind is Decimal) and not (kind is int and low <= value < end)
+
+
 def fit_string(value: Any, limit: int = MAX_STRING) -> str:
     """A string fit for the store: cut to `limit` bytes of UTF-8 on a character boundary."""
     if type(value) is not str:
@@ -297,6 +307,9 @@ class EventRows:
             row = len(rows)
             gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
             if kind in ON_GPU:
+                if _out_of_range(args.get("device"), MAX_GPU + 1, NO_GPU):
+                    self._skip("device out of range")
+                    continue
                 device = args.get("device", event.pid)
                 gpu = device if type(device) is int and 0 <= device <= MAX_GPU else NO_GPU
                 lane = args.get("stream", event.tid)
@@ -324,6 +337,9 @@ class EventRows:
             else:
                 pid, tid = event.pid, event.tid
                 if type(pid) is not int or not 0 <= pid < UINT32 or type(tid) is not int or not 0 <= tid < 1 << 63:
+                    if _out_of_range(pid, UINT32) or _out_of_range(tid, 1 << 63):
+                        self._skip(f"{'pid' if _out_of_range(pid, UINT32) else 'tid'} out of range")
+                        continue
                     pid, tid = self._track(chunk, row, pid, tid)
                 if kind == "cuda_api":
                     name = self._api_name(name)
