@@ -277,20 +277,25 @@ class Client:
         return frame if limit is None else frame.head(limit)
 
     def lanes(self, kinds: Sequence[str] = (), buckets: int = 0, **window: Any) -> pd.DataFrame:
-        """Per lane and time bucket: events, busy_ns, top_name; attrs hold the grid (start_ns,
-        bucket_ns, buckets) and the number of events in the window."""
+        """Per lane and time bucket: events, busy_ns, top_name (cut where top_name_cut); attrs hold the grid
+        (start_ns, bucket_ns, buckets), the number of events in the window, and whether the answer's bytes
+        left rows out (truncated)."""
         request = query_pb2.LanesRequest(window=make_window(**window), kinds=_as_list(kinds), buckets=buckets)
         answer = self._call("Lanes", request)
         frame = frame_of(answer.lanes) if answer.lanes.arrow_ipc else pd.DataFrame(columns=LANE_COLUMNS)
         frame.attrs.update(
-            start_ns=answer.start_ns, bucket_ns=answer.bucket_ns, buckets=answer.buckets, events=answer.events
-        )
+            start_ns=answer.start_ns, bucket_ns=answer.bucket_ns, buckets=answer.buckets, events=answer.events,
+            truncated=answer.lanes.truncated,
+        )  # fmt: skip
         return frame
 
     def summary(self, kind: str, limit: int = 0, **window: Any) -> pd.DataFrame:
-        """nsys-stats style summary: kind is kernels, api, memops or nvtx."""
+        """nsys-stats style summary: kind is kernels, api, memops or nvtx. A name longer than the server
+        shows is cut, ending in …, with name_cut set; attrs["truncated"]: the answer's bytes left rows out."""
         answer = self._call("Summary", query_pb2.SummaryRequest(window=make_window(**window), kind=kind, limit=limit))
-        return frame_of(answer)
+        frame = frame_of(answer)
+        frame.attrs["truncated"] = answer.truncated
+        return frame
 
     def gpu_time(self, min_gap_ns: int = 0, max_gaps: int = 0, **window: Any) -> dict[str, pd.DataFrame]:
         """{"gpus": busy/idle per GPU, "gaps": the `max_gaps` longest idle gaps longer than min_gap_ns,

@@ -8,6 +8,7 @@ and stream; everything else per kind, process, thread and nesting depth.
 
 from __future__ import annotations
 
+from query import answerbytes
 from query.gpuwork import NS, WORK_KINDS, Query
 from query.window import Predicates, ns
 
@@ -22,15 +23,18 @@ def event_span(where: Predicates) -> Query:
 
 def lanes(where: Predicates, start: int, end: int, width: int) -> Query:
     """Per lane and bucket of `width` ns from `start`: the events overlapping it, the time they
-    cover in it up to `end` (at most the width), and the name whose events cover most of it."""
+    cover in it up to `end` (at most the width), and the name whose events cover most of it (as shown,
+    top_name_cut where cut); as many rows as fit in an answer (query/answerbytes.py)."""
     clipped_start = f"greatest({NS}(start), {{grid_start:Int64}})"
     clipped_end = f"least({NS}(end), {{grid_end:Int64}})"
     sql = f"""
 SELECT lane_kind AS lane, host, gpu, stream, lane_pid AS pid, lane_tid AS tid, lane_depth AS depth,
        {{grid_start:Int64}} + b * {{width:Int64}} AS bucket_start_ns, sum(named) AS events,
-       least(sum(covered), {{width:Int64}}) AS busy_ns, argMax(name, covered) AS top_name
+       least(sum(covered), {{width:Int64}}) AS busy_ns, argMax((shown_name, name_cut), covered).1 AS top_name,
+       argMax((shown_name, name_cut), covered).2 AS top_name_cut
 FROM (
-    SELECT lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b, name, count() AS named,
+    SELECT lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b, {answerbytes.shown("name")} AS shown_name,
+           {answerbytes.cut("name")} AS name_cut, count() AS named,
            sum(least(e, {{grid_start:Int64}} + (b + 1) * {{width:Int64}})
                - greatest(s, {{grid_start:Int64}} + b * {{width:Int64}})) AS covered
     FROM (
@@ -45,6 +49,8 @@ FROM (
     )
     GROUP BY lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b, name
 )
-GROUP BY lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b
-ORDER BY lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b"""
-    return sql, {**where.params, "grid_start": start, "grid_end": end, "width": width}
+GROUP BY lane_kind, host, gpu, stream, lane_pid, lane_tid, lane_depth, b"""
+    order = "lane, host, gpu, stream, pid, tid, depth, bucket_start_ns"
+    return answerbytes.bounded(sql, order, ("lane", "host", "top_name")), {
+        **where.params, "grid_start": start, "grid_end": end, "width": width,
+    }  # fmt: skip

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from ingest.store import Store, ipc_bytes
 from ingest.storeerrors import QueryTooLarge, StoreError, StoreUnavailable
-from query import analysis, lanes, sql, verdict
+from query import analysis, answerbytes, lanes, sql, verdict
 from query.compare_answer import compare_table
 from query.keeper import kept_phases
 from query.kept import kept_runs
@@ -238,12 +238,17 @@ class QueryService(query_pb2_grpc.QueryServicer):
             list(request.kinds),
             names("names", request.names, self.limits),
         )
-        text, params = sql.events(where, page_size, after)
-        table = self.store.query(text, params)
+        # the page ends where its rows fill page_size or the answer's bytes, whichever comes first
+        sizes = self.store.query(*sql.event_sizes(where, page_size, after))
+        fits = answerbytes.rows_within(sizes.column("row_bytes").to_numpy()[:page_size], self.limits.max_answer_bytes)
         answer = query_pb2.EventsResponse()
-        if table.num_rows > page_size:
-            table = table.slice(0, page_size)
-            last = table.slice(page_size - 1, 1).to_pylist()[0]
+        if not fits:
+            return answer
+        through = (sizes.column("start_ns")[fits - 1].as_py(), sizes.column("id")[fits - 1].as_py())
+        table = self.store.query(*sql.events(where, fits, after, through))
+        if table.num_rows > fits or sizes.num_rows > fits:
+            table = table.slice(0, fits)
+            last = table.slice(table.num_rows - 1, 1).to_pylist()[0]
             answer.next_page_token = sql.page_token(last["start_ns"], last["id"])
         _event_columns(table, answer)
         return answer
@@ -262,22 +267,23 @@ class QueryService(query_pb2_grpc.QueryServicer):
         if end <= start:  # the run's span and the window do not meet
             return query_pb2.LanesResponse()
         width = -(-(end - start) // buckets)
-        table = self.store.query(*lanes.lanes(where, start, end, width))
         return query_pb2.LanesResponse(
-            start_ns=start,
-            bucket_ns=width,
-            buckets=buckets,
-            lanes=query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows),
-            events=count,
-        )
+            start_ns=start, bucket_ns=width, buckets=buckets, events=count,
+            lanes=self._bounded_table(*lanes.lanes(where, start, end, width)),
+        )  # fmt: skip
 
     def Summary(self, request: query_pb2.SummaryRequest, context: Any) -> query_pb2.Table:
         window, run = self._scope(request.window)
-        return self._table(*sql.summary(event_predicates(window, run), request.kind, request.limit))
+        return self._bounded_table(*sql.summary(event_predicates(window, run), request.kind, request.limit))
 
     def _table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         table = self.store.query(text, params)
         return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows)
+
+    def _bounded_table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
+        """The answer of answerbytes.bounded SQL: truncated when its bytes left rows out."""
+        table, truncated = answerbytes.counted(self.store.query(text, {**params, **answerbytes.params(self.limits)}))
+        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=truncated)
 
     # -- analyses -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from query import answerbytes
 from query.window import Predicates, QueryError, ns
 from tracehouse.model import ROLLUP_SECONDS
 from tracehouse.timefmt import NS_PER_S
@@ -175,13 +176,33 @@ EVENT_COLUMNS = (
 )
 
 
-def events(where: Predicates, page_size: int, after: tuple[int, int] | None) -> tuple[str, dict[str, object]]:
+def events(
+    where: Predicates, page_size: int, after: tuple[int, int] | None, through: tuple[int, int] | None = None
+) -> tuple[str, dict[str, object]]:
+    """A page: at most page_size + 1 events (one more says there are more) after `after` (start, id),
+    up to `through` (start, id) inclusive."""
     params: dict[str, object] = {**where.params, "limit": page_size + 1}
     clauses = where.sql()
     if after is not None:
         clauses += f" AND (start, id) > ({ns('after_start')}, {{after_id:UInt64}})"
         params.update(after_start=after[0], after_id=after[1])
+    if through is not None:
+        clauses += f" AND (start, id) <= ({ns('through_start')}, {{through_id:UInt64}})"
+        params.update(through_start=through[0], through_id=through[1])
     sql = f"SELECT {EVENT_COLUMNS} FROM {{db}}.events WHERE {clauses} ORDER BY start, id LIMIT {{limit:UInt32}}"
+    return sql, params
+
+
+def event_sizes(where: Predicates, page_size: int, after: tuple[int, int] | None) -> tuple[str, dict[str, object]]:
+    """The (start_ns, id, row_bytes) of the events a page of `events` holds: found by (start, id) alone, then
+    measured (only those, and no string sorted)."""
+    text, params = events(where, page_size, after)
+    page = text.replace(f"SELECT {EVENT_COLUMNS} ", "SELECT (start, id) ", 1)
+    sql = f"""
+SELECT start_ns, id, row_bytes FROM (
+    SELECT toUnixTimestamp64Nano(start) AS start_ns, id, {answerbytes.event_bytes()} AS row_bytes FROM {{db}}.events
+    WHERE {where.sql()} AND (start, id) IN ({page})
+) ORDER BY start_ns, id"""
     return sql, params
 
 
@@ -240,23 +261,29 @@ def summary(where: Predicates, kind: str, limit: int) -> tuple[str, dict[str, ob
         raise QueryError("kind", f"{kind!r} is not one of {', '.join(SUMMARIES)}")
     spec = SUMMARIES[kind]
     u = spec.unit
-    keys = "name, style" if spec.styled else "name"
+    style = ", style" if spec.styled else ""
+    # grouped by the whole name (its head and digest: answerbytes.grouped), answered with the name as shown
+    keys = "name_head, name_digest, style" if spec.styled else "name_head, name_digest"
     sql = f"""
-SELECT {keys}, instances, total_{u}, avg_{u}, med_{u}, min_{u}, max_{u}, stddev_{u},
-       100 * toFloat64(total_{u}) / sum(toFloat64(total_{u})) OVER () AS {"time_pct" if u == "ns" else "pct"}
+SELECT {answerbytes.shown("name_head", "name_bytes")} AS name{style}, instances, total_{u}, avg_{u}, med_{u},
+       min_{u}, max_{u}, stddev_{u}, {"time_pct" if u == "ns" else "pct"},
+       {answerbytes.cut("name_head", "name_bytes")} AS name_cut
 FROM (
-    SELECT {keys}, count() AS instances, {capped_sum("v")} AS total_{u},
+    SELECT {keys}, any(name_bytes) AS name_bytes, count() AS instances, {capped_sum("v")} AS total_{u},
            avg(toFloat64(v)) AS avg_{u},
            quantileExactInclusive(0.5)(v) AS med_{u}, min(v) AS min_{u}, max(v) AS max_{u},
-           if(count() > 1, stddevSamp(v), 0) AS stddev_{u}
-    FROM (SELECT name, {"extras['style'] AS style, " if spec.styled else ""}{spec.measure} AS v FROM {{db}}.events
-          WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()})
+           if(count() > 1, stddevSamp(v), 0) AS stddev_{u},
+           100 * toFloat64(total_{u}) / sum(toFloat64(total_{u})) OVER () AS {"time_pct" if u == "ns" else "pct"}
+    FROM (SELECT {answerbytes.grouped("name")}, {"extras['style'] AS style, " if spec.styled else ""}{spec.measure} AS v
+          FROM {{db}}.events WHERE kind IN {{summary_kinds:Array(String)}} AND {where.sql()})
     GROUP BY {keys}
-)
-ORDER BY total_{u} DESC, {keys}
-{"LIMIT {limit:UInt32}" if limit else ""}
-"""
-    return sql, {**where.params, "summary_kinds": list(spec.kinds), "limit": limit}
+    ORDER BY total_{u} DESC, {keys}
+    {"LIMIT {limit:UInt32}" if limit else ""}
+)"""
+    strings = ("name", "style") if spec.styled else ("name",)
+    return answerbytes.bounded(sql, f"total_{u} DESC, name{style}", strings), {
+        **where.params, "summary_kinds": list(spec.kinds), "limit": limit,
+    }  # fmt: skip
 
 
 def tag_predicates(where: Predicates, tags: Mapping[str, str]) -> Predicates:

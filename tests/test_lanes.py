@@ -52,7 +52,7 @@ def test_lanes_quantize_every_event_of_the_window(client: Client, traces: dict[s
     answer = client.lanes(buckets=buckets, run="r1", start=lo, end=hi)
     expected, count = quantize(trace, lo, hi, buckets)
     width = -(-(hi - lo) // buckets)
-    assert answer.attrs == {"start_ns": lo, "bucket_ns": width, "buckets": buckets, "events": count}
+    assert answer.attrs == {"start_ns": lo, "bucket_ns": width, "buckets": buckets, "events": count, "truncated": False}
     got = {}
     for row in answer.itertuples(index=False):
         lane = (row.lane, row.host, row.gpu, row.stream, row.pid, row.tid, row.depth)

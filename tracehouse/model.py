@@ -75,6 +75,8 @@ class Limits:
     max_page_size: int = 100_000  # events per page
     default_page_size: int = 1000
     max_list_rows: int = 100_000  # runs, devices, metrics per answer
+    max_answer_bytes: int = 32 << 20  # one answer of the Query service, well under the transport's 256 MiB
+    max_shown_bytes: int = 4 << 10  # a name a summary or lane answers: longer ones are cut, marked with …
     sql_max_rows: int = 1_000_000
     sql_max_bytes: int = 128 << 20  # uncompressed result of one SQL query
     max_months_per_batch: int = 100  # the store partitions samples and events by month

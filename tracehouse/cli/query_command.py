@@ -197,6 +197,9 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     elif args.what in SUMMARY_KINDS:
         frame = client.summary(args.what, args.limit or 0, **_window(args))
         note = both_styles(frame) if table else ""
+        if frame.attrs.get("truncated"):
+            print(f"tracehouse: answer truncated to the {len(frame)} names that fit in one answer's bytes; "
+                  "--limit N asks for the top N", file=sys.stderr)  # fmt: skip
     elif args.what == "gpu-time":
         gpu_time = client.gpu_time(args.min_gap, args.max_gaps or (TABLE_GAPS if table else DATA_GAPS), **_window(args))
         note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
