@@ -54,7 +54,8 @@ def test_schedule_stops_promptly() -> None:
     assert not thread.is_alive()
 
 
-def batch(n: int, values: int = 10, size: int = 100) -> EncodedBatch:
+def batch(n: int, values: int = 10, size: int = 200) -> EncodedBatch:
+    """A stand-in batch; a payload of a real one's size at least (17 bytes a value: else not believed)."""
     return EncodedBatch(f"run/{n:08d}", bytes([n % 256]) * size, values)
 
 
@@ -87,7 +88,7 @@ def test_spool_keeps_order_across_restarts(tmp_path: Path) -> None:
 
 def test_spool_bound_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
     drops = Drops()
-    one = len(b"THSPOOL2") + 4 + 22 + len("run/00000000") + 100
+    one = len(b"THSPOOL2") + 4 + 22 + len("run/00000000") + 200
     spool = Spool(tmp_path, 3 * one, drops)
     for n in range(5):
         assert spool.put(batch(n))
