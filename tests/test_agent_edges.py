@@ -3,6 +3,7 @@ matrix and config files, signals, numeric options) is bounded, refused in one li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool
 from agent.traces.importer import import_export
 from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
+from agent.traces.watch import FolderWatcher
 from query.client import Client
 from tests.fuzz_worker import Sink
 from tests.helpers import telemetry, wait_until
@@ -283,3 +285,19 @@ def test_kineto_ids_out_of_range_are_skipped_and_counted_not_filed_as_0(tmp_path
     assert result.skipped == {"pid out of range": 4, "tid out of range": 2, "device out of range": 3}
     gpus = {int(g) for b in sink.batches for g in b.events.gpu}
     assert gpus <= {0, -1} and 0 in gpus, "no kernel filed under no GPU"
+
+
+def test_a_fifo_as_the_watch_state_is_taken_as_no_state_not_waited_on(tmp_path: Path) -> None:
+    state = tmp_path / "watch-state.json"
+    os.mkfifo(state)
+    made: list[FolderWatcher] = []
+    making = threading.Thread(
+        target=lambda: made.append(FolderWatcher(tmp_path, Sink(), state, host="h")),  # type: ignore[arg-type]
+        daemon=True,
+    )
+    making.start()
+    making.join(5)
+    if not made:
+        with contextlib.suppress(OSError):  # let the thread go: a writer opens the FIFO, then closes it
+            os.close(os.open(state, os.O_WRONLY | os.O_NONBLOCK))
+    assert made, "the watch waited on its state file, a FIFO"
