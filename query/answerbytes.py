@@ -54,12 +54,13 @@ def event_bytes() -> str:
     )
 
 
-def bounded(sql: str, order: str, strings: Sequence[str]) -> str:
+def bounded(sql: str, order: str, strings: Sequence[str], drop: Sequence[str] = ()) -> str:
     """SQL: the rows of `sql` in `order` while they add up to at most {max_answer_bytes:UInt64} (the first
-    always), each `strings` bytes and TABLE_ROW_BYTES; with ANSWER_ROWS, the rows `sql` has."""
+    always), each `strings` bytes and TABLE_ROW_BYTES; with ANSWER_ROWS, the rows `sql` has; without the
+    columns `drop`."""
     size = " + ".join([*(f"length({column})" for column in strings), str(TABLE_ROW_BYTES)])
     return f"""
-SELECT * EXCEPT (answer_row_bytes, answer_upto) FROM (
+SELECT * EXCEPT ({", ".join(["answer_row_bytes", "answer_upto", *drop])}) FROM (
     SELECT *, {size} AS answer_row_bytes, count() OVER () AS {ANSWER_ROWS},
            sum(answer_row_bytes) OVER (ORDER BY {order} ROWS UNBOUNDED PRECEDING) AS answer_upto
     FROM ({sql})

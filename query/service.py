@@ -278,7 +278,14 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def _table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         table = self.store.query(text, params)
-        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows)
+        return query_pb2.Table(arrow_ipc=self._within(ipc_bytes(table)), rows=table.num_rows)
+
+    def _within(self, data: bytes) -> bytes:
+        """An answer's bytes, refused when over max_answer_bytes (where its query does not bound them itself)."""
+        if len(data) > self.limits.max_answer_bytes:
+            raise QueryError("answer", f"{len(data)} bytes; one answer holds at most {self.limits.max_answer_bytes}: "
+                             "ask about a shorter window, fewer runs or fewer rows (limit)")  # fmt: skip
+        return data
 
     def _bounded_table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         """The answer of answerbytes.bounded SQL: truncated when its bytes left rows out."""
@@ -381,7 +388,9 @@ class QueryService(query_pb2_grpc.QueryServicer):
         found = self._compared(run_ids, tags, "run_ids")
         runs = found[: analysis.MAX_COMPARE_RUNS]
         table = compare_table(runs, top, self._rows_of)
-        return query_pb2.Table(arrow_ipc=ipc_bytes(table), rows=table.num_rows, truncated=len(found) > len(runs))
+        return query_pb2.Table(
+            arrow_ipc=self._within(ipc_bytes(table)), rows=table.num_rows, truncated=len(found) > len(runs)
+        )
 
     def _rows_of(self, text: str, params: dict[str, object]) -> list[dict[str, Any]]:
         return _rows(self.store.query(text, params))

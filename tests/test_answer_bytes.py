@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from query.client import Client
+from query.client import Client, QueryFailed
 from query.export import window_trace
 from tests.conftest import small_limits
 from tests.helpers import T0
@@ -149,3 +149,16 @@ def test_cli_summary_marks_cut_names(capsys: pytest.CaptureFixture[str], address
     assert main(["query", "kernels", "--server", address, "--run", "long"]) == 0
     out, err = capsys.readouterr()
     assert "…" in out and "truncated" in err, err
+
+
+def test_an_answer_its_query_does_not_bound_is_refused_naming_the_limit(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub, stored: list[str]
+) -> None:
+    starts = T0 + np.arange(NAMES, dtype=np.int64) * 1000
+    batch = BatchBuilder("again", run_id="again", host="h").add_events("kernel", starts, starts + 900, stored, gpu=0)
+    ingest.Write(ingest_pb2.WriteRequest(batch=batch.build()), timeout=60)
+    with pytest.raises(QueryFailed) as refused:
+        client.diff("long", "again")
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"one answer holds at most {BOUND}" in refused.value.message
+    assert len(client.diff("long", "again", limit=3)) == 3, "fewer rows are answered"
