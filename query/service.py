@@ -158,6 +158,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
                 run.end = row["end_ns"]
             run.tags.update(dict(row["tags"]))
             run.attrs.update(dict(row["attrs"]))
+        self._within(answer.ByteSize())
         return answer
 
     def ListDevices(self, request: query_pb2.ListDevicesRequest, context: Any) -> query_pb2.ListDevicesResponse:
@@ -166,6 +167,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         for row in _rows(self.store.query(text, params)):
             attrs = dict(row.pop("attrs"))
             answer.devices.add(**row).attrs.update(attrs)
+        self._within(answer.ByteSize())
         return answer
 
     def ListMetrics(self, request: query_pb2.ListMetricsRequest, context: Any) -> query_pb2.ListMetricsResponse:
@@ -278,14 +280,15 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def _table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         table = self.store.query(text, params)
-        return query_pb2.Table(arrow_ipc=self._within(ipc_bytes(table)), rows=table.num_rows)
+        data = ipc_bytes(table)
+        self._within(len(data))
+        return query_pb2.Table(arrow_ipc=data, rows=table.num_rows)
 
-    def _within(self, data: bytes) -> bytes:
-        """An answer's bytes, refused when over max_answer_bytes (where its query does not bound them itself)."""
-        if len(data) > self.limits.max_answer_bytes:
-            raise QueryError("answer", f"{len(data)} bytes; one answer holds at most {self.limits.max_answer_bytes}: "
+    def _within(self, size: int) -> None:
+        """Refuse an answer of `size` bytes over max_answer_bytes (where its query does not bound them itself)."""
+        if size > self.limits.max_answer_bytes:
+            raise QueryError("answer", f"{size} bytes; one answer holds at most {self.limits.max_answer_bytes}: "
                              "ask about a shorter window, fewer runs or fewer rows (limit)")  # fmt: skip
-        return data
 
     def _bounded_table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
         """The answer of answerbytes.bounded SQL: truncated when its bytes left rows out."""
@@ -388,9 +391,9 @@ class QueryService(query_pb2_grpc.QueryServicer):
         found = self._compared(run_ids, tags, "run_ids")
         runs = found[: analysis.MAX_COMPARE_RUNS]
         table = compare_table(runs, top, self._rows_of)
-        return query_pb2.Table(
-            arrow_ipc=self._within(ipc_bytes(table)), rows=table.num_rows, truncated=len(found) > len(runs)
-        )
+        data = ipc_bytes(table)
+        self._within(len(data))
+        return query_pb2.Table(arrow_ipc=data, rows=table.num_rows, truncated=len(found) > len(runs))
 
     def _rows_of(self, text: str, params: dict[str, object]) -> list[dict[str, Any]]:
         return _rows(self.store.query(text, params))

@@ -162,3 +162,18 @@ def test_an_answer_its_query_does_not_bound_is_refused_naming_the_limit(
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert f"one answer holds at most {BOUND}" in refused.value.message
     assert len(client.diff("long", "again", limit=3)) == 3, "fewer rows are answered"
+
+
+def test_runs_whose_attributes_outgrow_an_answer_are_refused_naming_the_limit(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub
+) -> None:
+    attrs = {f"a{i}": "x" * NAME_BYTES for i in range(BOUND // NAME_BYTES // 2)}
+    batch = BatchBuilder("runs", host="h")
+    for run in ("r1", "r2", "r3"):
+        batch.add_run(run, host="h", start=T0, attrs=attrs)
+    ingest.Write(ingest_pb2.WriteRequest(batch=batch.build()), timeout=60)
+    with pytest.raises(QueryFailed) as refused:
+        client.runs()
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"one answer holds at most {BOUND}" in refused.value.message
+    assert len(client.runs(limit=1)) == 1, "fewer runs are answered"
