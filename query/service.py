@@ -177,6 +177,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         answer = query_pb2.ListMetricsResponse()
         for row in _rows(self.store.query(text, params)):
             answer.metrics.add(**row)
+        self._within(answer.ByteSize())
         return answer
 
     def Series(self, request: query_pb2.SeriesRequest, context: Any) -> query_pb2.SeriesResponse:
@@ -214,6 +215,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
             series.avg.extend(columns["avg"][lo:hi].tolist())
             series.max.extend(columns["max"][lo:hi].tolist())
             series.count.extend(columns["count"][lo:hi].tolist())
+        self._within(answer.ByteSize())
         return answer
 
     def _data_span(

@@ -16,7 +16,7 @@ import pytest
 from query.client import Client, QueryFailed
 from query.export import window_trace
 from tests.conftest import small_limits
-from tests.helpers import T0
+from tests.helpers import T0, S, telemetry
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.model import Limits
@@ -177,3 +177,15 @@ def test_runs_whose_attributes_outgrow_an_answer_are_refused_naming_the_limit(
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert f"one answer holds at most {BOUND}" in refused.value.message
     assert len(client.runs(limit=1)) == 1, "fewer runs are answered"
+
+
+def test_series_whose_points_outgrow_an_answer_are_refused_naming_the_limit(
+    client: Client, ingest: ingest_pb2_grpc.IngestStub
+) -> None:
+    ingest.Write(ingest_pb2.WriteRequest(batch=telemetry("points", run_id="tele", n=20_000).build()), timeout=60)
+    window = {"host": "host-a", "start": T0, "end": T0 + 2_000 * S}
+    with pytest.raises(QueryFailed) as refused:
+        client.series("gpu.util", max_points=20_000, **window)
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"one answer holds at most {BOUND}" in refused.value.message
+    assert len(client.series("gpu.util", max_points=1000, **window)) == 2000, "fewer points are answered"
