@@ -200,6 +200,8 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         if frame.attrs.get("truncated"):
             print(f"tracehouse: answer truncated to the {len(frame)} names that fit in one answer's bytes; "
                   "--limit N asks for the top N", file=sys.stderr)  # fmt: skip
+        if table and "name_cut" in frame:  # a cut name ends in … where people read it
+            frame = frame.drop(columns="name_cut")
     elif args.what == "gpu-time":
         gpu_time = client.gpu_time(args.min_gap, args.max_gaps or (TABLE_GAPS if table else DATA_GAPS), **_window(args))
         note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
