@@ -76,7 +76,9 @@ class Limits:
     default_page_size: int = 1000
     max_list_rows: int = 100_000  # runs, devices, metrics per answer
     max_answer_bytes: int = 32 << 20  # one answer of the Query service, well under the transport's 256 MiB
-    max_shown_bytes: int = 4 << 10  # a name a summary or lane answers: longer ones are cut, marked with …
+    # a name a summary or lane answers: longer ones are cut, marked with …; as long as a stored string by default,
+    # since real templated kernel names pass 4 KiB and programs need them whole (the answer's bytes stay bounded)
+    max_shown_bytes: int = 64 << 10
     sql_max_rows: int = 1_000_000
     sql_max_bytes: int = 128 << 20  # uncompressed result of one SQL query
     max_months_per_batch: int = 100  # the store partitions samples and events by month
