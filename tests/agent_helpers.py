@@ -30,3 +30,14 @@ def metrics_by_gpu(batches: list[EncodedBatch]) -> dict[int, set[str]]:
     for gpu, _, metric, _ in sample_rows(batches):
         found[gpu].add(metric)
     return found
+
+
+class Fates:
+    """What a spool told of the batches it dropped (id, values) and of those whose loss it cannot count."""
+
+    def __init__(self) -> None:
+        self.dropped: list[tuple[str, int]] = []
+        self.unknown: list[str] = []
+
+    def drop(self, batch_id: str, values: int) -> None:
+        self.dropped.append((batch_id, values))

@@ -25,6 +25,7 @@ from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from agent.traces.watch import FolderWatcher
 from query.client import Client
+from tests.agent_helpers import Fates
 from tests.fuzz_worker import Sink
 from tests.helpers import telemetry, wait_until
 from tracehouse.batch import encode_request
@@ -140,15 +141,6 @@ def test_a_forged_value_count_is_not_believed_though_its_checksum_holds(
     assert f"the header claims 1,000,000,000,000,000,000 sample values, more than its {payload:,}-byte" in caplog.text
     assert "the header says" in caplog.text and "values lost: unknown" in caplog.text
     assert spool.oldest() == earlier(3)
-
-
-class Fates:
-    def __init__(self) -> None:
-        self.dropped: list[tuple[str, int]] = []
-        self.unknown: list[str] = []
-
-    def drop(self, batch_id: str, values: int) -> None:
-        self.dropped.append((batch_id, values))
 
 
 def test_an_agent_whose_spool_holds_a_fifo_ships_and_stops_on_sigterm(

@@ -16,6 +16,7 @@ import pytest
 from agent.daemon import Agent, AgentConfig
 from agent.shipping.spool import EncodedBatch, Spool
 from agent.telemetry.simulated import SimulatedBackend
+from tests.agent_helpers import Fates
 from tests.helpers import telemetry
 from tracehouse.batch import encode_request
 from tracehouse.v1 import ingest_pb2
@@ -40,15 +41,6 @@ def old_format(batch: EncodedBatch, values: int) -> bytes:
     ident = batch.batch_id.encode()
     fields = struct.pack("<IQQH", zlib.crc32(batch.payload), values, len(batch.payload), len(ident))
     return b"THSPOOL1" + fields + ident + batch.payload
-
-
-class Fates:
-    def __init__(self) -> None:
-        self.dropped: list[tuple[str, int]] = []
-        self.unknown: list[str] = []
-
-    def drop(self, batch_id: str, values: int) -> None:
-        self.dropped.append((batch_id, values))
 
 
 def test_a_changed_value_count_is_found_when_the_spool_opens(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
