@@ -30,10 +30,10 @@ from ingest.captures import (
 )
 from ingest.grants import OutOfBounds
 from ingest.pace import Pace
-from ingest.store import Store
-from ingest.storeerrors import StoreError
-from query.window import QueryError, RunNotFound
+from store.store import Store
+from store.storeerrors import StoreError
 from tracehouse.pushback import PUSHBACK_KEY
+from tracehouse.requesterrors import QueryError, RunNotFound
 from tracehouse.scopes import CALLER, UNBOUNDED, Grant
 from tracehouse.timefmt import now_ns
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc

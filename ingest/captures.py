@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from query.window import QueryError
+from tracehouse.requesterrors import QueryError
 
 DEFAULT_STEPS = 10
 MAX_STEPS = 1000

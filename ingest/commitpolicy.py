@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_INTERVAL_S = 0.2
-DEFAULT_MAX_ROWS = 1_000_000  # below the engine's max_insert_block_size: one block, one part per insert
+DEFAULT_MAX_ROWS = 1_000_000  # store/group.py's BLOCK_ROWS: below the engine's max_insert_block_size, one part
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ claimed (Store.claim_group: from then on it is stored once whatever fails) when 
 longer than `answer_within_s`, or while `answer_at_claim()` says so (the admission turns writers
 away: ingest/admission.py). Batches that describe runs are answered only once stored, and are
 stored after every group taken before them: what their writers send next may read them. A batch
-that stands alone (ingest/group.py: an import's chunk) is a group by itself, answered once stored.
+that stands alone (store/group.py: an import's chunk) is a group by itself, answered once stored.
 A read waits for the groups whose writers were answered before they were stored (`settle_answered`):
 whoever reads this server sees every write it answered.
 
@@ -29,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ingest.commitpolicy import CommitPolicy
-from ingest.group import ALONE_ROWS, stands_alone
-from ingest.store import Store, StoreError, StoreUnavailable, WriteResult
 from ingest.validate import ValidatedBatch
+from store.claim import WriteResult
+from store.group import ALONE_ROWS, stands_alone
+from store.store import Store
+from store.storeerrors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class _Waiting:
     wanted: Callable[[], bool]  # False once the writer gave up (its call was cancelled or timed out)
     rows: int
     on_stored: Callable[[], None]
-    alone: bool  # stands alone (ingest/group.py): a group by itself, answered only once stored
+    alone: bool  # stands alone (store/group.py): a group by itself, answered only once stored
     group_stored: threading.Event | None = None  # its group's, once taken; set once the group is stored or failed
     stored: threading.Event = field(default_factory=threading.Event)
     claimed: threading.Event = field(default_factory=threading.Event)  # set with `stored` too

@@ -13,8 +13,9 @@ from ingest.capture_rules import RuleEngine
 from ingest.capture_service import CaptureBoard
 from ingest.grants import OutOfBounds, RunLocks, check_bounds, check_descriptions, check_run_hosts, named_runs
 from ingest.groupcommit import GroupCommit
-from ingest.store import Store, WriteResult
 from ingest.validate import ValidatedBatch, has_unknown_fields, validate_batch
+from store.claim import WriteResult
+from store.store import Store
 from tracehouse.pushback import PUSHBACK_KEY
 from tracehouse.scopes import CALLER, Grant
 from tracehouse.timefmt import now_ns

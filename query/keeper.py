@@ -11,11 +11,13 @@ import time
 
 import pyarrow as pa
 
-from ingest.store import Store, StoreError, ipc_bytes
 from query.analysis import keep_gaps, keep_gpus, keep_islands, keep_ranges, phases
 from query.kept import KEPT_TABLES, fingerprints, forget_others, kept_answer, mark_kept, to_keep
 from query.projection import phase_telemetry
 from query.window import Predicates, RunSpan, Window, event_predicates
+from store.store import Store
+from store.storeerrors import StoreError
+from store.usersql import ipc_bytes
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,16 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.store import Store, ipc_bytes
-from ingest.storeerrors import QueryTooLarge, StoreError, StoreUnavailable
 from query import analysis, answerbytes, lanes, sql, verdict
 from query.compare_answer import compare_table
 from query.keeper import kept_phases
 from query.kept import kept_runs
+from query.requestchecks import bounded, check_kinds, check_tags, window_of
 from query.window import (
     Predicates,
-    QueryError,
-    RunNotFound,
     RunSpan,
     Window,
     bounds,
@@ -31,7 +27,10 @@ from query.window import (
     runs_named_like,
     sample_predicates,
 )
-from tracehouse.model import EVENT_KINDS, Limits
+from store.store import Store
+from store.storeerrors import QueryTooLarge, StoreError, StoreUnavailable
+from store.usersql import ipc_bytes
+from tracehouse.requesterrors import QueryError, RunNotFound
 from tracehouse.units import instant
 from tracehouse.v1 import batch_pb2, query_pb2, query_pb2_grpc
 
@@ -40,41 +39,8 @@ DEFAULT_SHORT_NS = 10_000
 NAMESAKES_SHOWN = 5  # runs listed when a name is ambiguous
 
 
-def window_of(message: query_pb2.Window, limits: Limits) -> Window:
-    return Window(
-        run_id=message.run_id,
-        hosts=tuple(message.hosts),
-        gpus=tuple(message.gpus),
-        from_ns=message.from_ns if message.HasField("from_ns") else None,
-        to_ns=message.to_ns if message.HasField("to_ns") else None,
-    ).check(limits)
-
-
-def _bounded(value: int, default: int, maximum: int, field: str) -> int:
-    if value > maximum:
-        raise QueryError(field, f"{value} is over the limit of {maximum}")
-    return value or default
-
-
-def _check_kinds(kinds: Sequence[str]) -> None:
-    for kind in kinds:
-        if kind not in EVENT_KINDS:
-            raise QueryError("kinds", f"unknown kind {kind[:64]!r}; known: {', '.join(EVENT_KINDS)}")
-
-
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
-
-
-def _check_tags(field: str, tags: Mapping[str, str], limits: Limits) -> dict[str, str]:
-    if len(tags) > limits.max_map_entries:
-        raise QueryError(field, f"{len(tags)} pairs; the limit is {limits.max_map_entries}")
-    for key, value in tags.items():
-        if not key or len(key.encode()) > limits.max_name_bytes:
-            raise QueryError(field, f"key {key[:64]!r} is not 1 to {limits.max_name_bytes} bytes")
-        if len(value.encode()) > limits.max_string_bytes:
-            raise QueryError(f"{field}[{key[:64]!r}]", f"longer than {limits.max_string_bytes} bytes")
-    return dict(tags)
 
 
 class QueryService(query_pb2_grpc.QueryServicer):
@@ -141,8 +107,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
         raise QueryError(field, f"{many} runs are named {name[:200]!r}: {listed}; name one by its run id")
 
     def ListRuns(self, request: query_pb2.ListRunsRequest, context: Any) -> query_pb2.ListRunsResponse:
-        limit = _bounded(request.limit, self.limits.max_list_rows, self.limits.max_list_rows, "limit")
-        tags = _check_tags("tags", request.tags, self.limits)
+        limit = bounded(request.limit, self.limits.max_list_rows, self.limits.max_list_rows, "limit")
+        tags = check_tags("tags", request.tags, self.limits)
         text, params = sql.runs(request.host, request.source, request.name_contains, limit, tags)
         answer = query_pb2.ListRunsResponse()
         for row in _rows(self.store.query(text, params)):
@@ -184,7 +150,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         metric_names = names("metrics", request.metrics, self.limits)
         if not metric_names:
             raise QueryError("metrics", "name at least one metric")
-        max_points = _bounded(request.max_points, self.limits.default_points, self.limits.max_points, "max_points")
+        max_points = bounded(request.max_points, self.limits.default_points, self.limits.max_points, "max_points")
         window, run = self._scope(request.window)
         where = sample_predicates(window, run)
         selects = sample_predicates(window, run, times=False)
@@ -234,8 +200,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def Events(self, request: query_pb2.EventsRequest, context: Any) -> query_pb2.EventsResponse:
         window, run = self._scope(request.window)
-        _check_kinds(request.kinds)
-        page_size = _bounded(request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size")
+        check_kinds(request.kinds)
+        page_size = bounded(request.page_size, self.limits.default_page_size, self.limits.max_page_size, "page_size")
         after = sql.parse_page_token(request.page_token)
         where = sql.kinds_filter(
             event_predicates(window, run),
@@ -259,8 +225,8 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def Lanes(self, request: query_pb2.LanesRequest, context: Any) -> query_pb2.LanesResponse:
         window, run = self._scope(request.window)
-        _check_kinds(request.kinds)
-        buckets = _bounded(request.buckets, self.limits.default_points, self.limits.max_points, "buckets")
+        check_kinds(request.kinds)
+        buckets = bounded(request.buckets, self.limits.default_points, self.limits.max_points, "buckets")
         where = sql.kinds_filter(event_predicates(window, run), list(request.kinds), [])
         first, last, count = _first_row(self.store.query(*lanes.event_span(where)))
         start, end = bounds(window, run)
@@ -305,7 +271,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         min_gap = request.min_gap_ns or DEFAULT_MIN_GAP_NS
         if min_gap < 0:
             raise QueryError("min_gap_ns", "must not be negative")
-        max_gaps = _bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
+        max_gaps = bounded(request.max_gaps, 1000, self.limits.max_list_rows, "max_gaps")
         kept = self._kept(run.run_id) if run is not None else None
         whole = kept is not None and self._holds_every_island(kept, clip_from, clip_to)
         table = self.store.query(
@@ -331,7 +297,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
 
     def NvtxGpu(self, request: query_pb2.NvtxGpuRequest, context: Any) -> query_pb2.NvtxGpuResponse:
         window, run = self._scope(request.window)
-        limit = _bounded(request.limit, 0, self.limits.max_list_rows, "limit")
+        limit = bounded(request.limit, 0, self.limits.max_list_rows, "limit")
         runs = self.store.query(*analysis.kept_in_window(event_predicates(window, run))).to_pylist()
         kept = [(row["run_id"], row["generation"]) for row in runs if row["kept"]]
         others = len(kept) < len(runs)
@@ -386,10 +352,10 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError("run_ids", f"{len(run_ids)} runs; the limit is {analysis.MAX_COMPARE_RUNS}")
         for run_id in run_ids:
             Window(run_id=run_id).check(self.limits)
-        tags = _check_tags("tags", request.tags, self.limits)
+        tags = check_tags("tags", request.tags, self.limits)
         if not run_ids and not tags:
             raise QueryError("run_ids", "name at least one run, or tags that select runs")
-        top = _bounded(request.top_kernels, 3, 100, "top_kernels")
+        top = bounded(request.top_kernels, 3, 100, "top_kernels")
         found = self._compared(run_ids, tags, "run_ids")
         runs = found[: analysis.MAX_COMPARE_RUNS]
         table = compare_table(runs, top, self._rows_of)
@@ -451,7 +417,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
     def _group(self, group: query_pb2.RunGroup, field: str) -> list[dict[str, Any]]:
         """One side's runs: those named, or those carrying every tag; with steps or not."""
         run_ids = list(dict.fromkeys(group.run_ids))
-        tags = _check_tags(f"{field}.tags", group.tags, self.limits)
+        tags = check_tags(f"{field}.tags", group.tags, self.limits)
         if bool(run_ids) == bool(tags):
             raise QueryError(field, "name its runs, or tags that select them (not both)")
         if len(run_ids) > verdict.MAX_GROUP_RUNS:

@@ -9,8 +9,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from query import answerbytes
-from query.window import Predicates, QueryError, ns
+from query.window import Predicates, ns
 from tracehouse.model import ROLLUP_SECONDS
+from tracehouse.requesterrors import QueryError
 from tracehouse.timefmt import NS_PER_S
 
 MAX_SERIES_SPAN_NS = 100 * 365 * 86_400 * NS_PER_S

@@ -34,8 +34,8 @@ from query.verdict_steps import (
     step_parts,
     windows,
 )
-from query.window import QueryError
 from tracehouse.metrics import GPU_ENERGY, GPU_UTIL
+from tracehouse.requesterrors import QueryError
 
 Fetch = Callable[[str, dict[str, object]], pa.Table]  # a query's text and parameters -> its answer
 

@@ -7,18 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracehouse.model import Limits
-
-
-class QueryError(ValueError):
-    """A request that cannot be answered as asked; `field` names the culprit."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-
-
-class RunNotFound(LookupError):
-    pass
+from tracehouse.requesterrors import QueryError
 
 
 @dataclass(frozen=True)

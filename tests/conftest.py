@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ingest.store import Store
 from query.client import Client
+from store.store import Store
 from tests.helpers import LateServer
 from tests.timeline_trace import Trace, make_trace, store_trace
 from tracehouse.cli.serve import Server, create_server

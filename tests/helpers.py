@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.store import Store
+from store.store import Store
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.cli.serve import Server, create_server

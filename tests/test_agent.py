@@ -20,8 +20,8 @@ import pytest
 from agent.daemon import Agent, AgentConfig
 from agent.shipping.spool import Spool
 from agent.telemetry.simulated import SimulatedBackend
-from ingest.store import Store
 from query.client import Client
+from store.store import Store
 from tests.test_serve import serve
 from tracehouse.cli.serve import Server, create_server
 from tracehouse.model import DEFAULT_LIMITS

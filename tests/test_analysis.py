@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest.store import Store, without_materialized_cte
 from query import analysis
 from query.client import Client, QueryFailed, to_frame
 from query.keeper import Keeper, keep_runs
 from query.kept import KEPT_TABLES, WHAT_IS_KEPT, kept_runs
 from query.window import Predicates
+from store.store import Store, without_materialized_cte
 from tests.conftest import FIXTURES
 from tests.timeline_trace import HOST, MS, PID, US, Trace, make_trace, store_trace
 from tracehouse.batch import BatchBuilder

@@ -21,8 +21,8 @@ import pytest
 
 from agent.shipping.writer import BatchWriter
 from agent.traces.importer import import_export
-from ingest.store import Store
 from query.client import Client
+from store.store import Store
 from tests.conftest import FIXTURES
 from tracehouse.cli.demo import load_demo
 from tracehouse.cli.serve import create_server

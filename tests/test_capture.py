@@ -28,15 +28,15 @@ from ingest.captures import (
     parse_ranks,
     start_step,
 )
-from ingest.store import Store
 from query.client import Client
-from query.window import QueryError
+from store.store import Store
 from tests.helpers import request
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity, open_channel
 from tracehouse.cli.main import main
 from tracehouse.cli.serve import create_server
 from tracehouse.model import Limits
+from tracehouse.requesterrors import QueryError
 from tracehouse.security import ServerSecurity, parse_tokens
 from tracehouse.v1 import capture_pb2, capture_pb2_grpc, ingest_pb2_grpc
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from ingest.capture_service import _row
-from ingest.store import Store
+from store.store import Store
 from tests.helpers import request
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ingest.store import Store
 from query.client import Client, QueryFailed
+from store.store import Store
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli.serve import create_server
 from tracehouse.model import Limits

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.migrations import retention
+from store.migrations import retention
 from tracehouse import config
 from tracehouse.cli.main import build_parser
 

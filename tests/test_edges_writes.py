@@ -11,8 +11,8 @@ import grpc
 import numpy as np
 import pytest
 
-from ingest.store import Store
 from query.client import Client
+from store.store import Store
 from tests.helpers import MS, T0, S, counts, request
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity, open_channel

@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from ingest.store import Store
 from ingest.validate import ValidatedBatch
+from store.store import Store
 from tests.helpers import MS, T0, S, counts, kernels, request, telemetry
 from tracehouse.batch import BatchBuilder
 from tracehouse.model import DEFAULT_LIMITS
@@ -66,8 +66,8 @@ def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
     builder.add_events("kernel", [T0], [T0 + MS], "k")
     message = request(builder)
     # the group and its samples reached the store, then the server died before the events and the ledger
-    from ingest.group import new_group
     from ingest.validate import validate_batch
+    from store.group import new_group
 
     group = new_group([validate_batch(message.batch, DEFAULT_LIMITS, T0)], T0)
     with store._client() as raw:
@@ -83,8 +83,8 @@ def test_a_retry_after_a_partial_write_completes_it_without_duplicates(
 
 def test_a_group_whose_batches_are_all_left_out_keeps_none_of_their_rows() -> None:
     """Finishing a group whose every batch another claim stores (two servers claimed them) leaves all out."""
-    from ingest.group import new_group
     from ingest.validate import validate_batch
+    from store.group import new_group
 
     batches = [validate_batch(request(telemetry(f"left-{i}", n=5)).batch, DEFAULT_LIMITS, T0) for i in range(2)]
     group = new_group(batches, T0)
@@ -466,9 +466,9 @@ def test_an_import_chunk_is_a_group_of_its_own_with_no_copy_in_pending(store: St
     copied to ingest_pending, and answered only once stored; sent again it is a duplicate. The same
     events over two months (two parts) are a group like any other."""
     from ingest.commitpolicy import CommitPolicy
-    from ingest.group import ALONE_ROWS
     from ingest.groupcommit import GroupCommit
     from ingest.validate import validate_batch
+    from store.group import ALONE_ROWS
 
     def validated(builder: BatchBuilder) -> ValidatedBatch:
         return validate_batch(request(builder).batch, DEFAULT_LIMITS, T0)
@@ -500,7 +500,7 @@ def test_what_stands_alone_is_many_events_and_nothing_else_in_one_part() -> None
     import pyarrow as pa
 
     from ingest.commitpolicy import DEFAULT_MAX_ROWS
-    from ingest.group import ALONE_ROWS, stands_alone
+    from store.group import ALONE_ROWS, stands_alone
 
     def batch(rows: int, span_ns: int = S, samples: bool = False) -> ValidatedBatch:
         starts = pa.array(T0 + np.arange(rows, dtype=np.int64) * (span_ns // rows), pa.timestamp("ns", tz="UTC"))

@@ -20,9 +20,9 @@ from pathlib import Path
 import grpc
 
 from agent.shipping.shipper import Outcome, classify
-from ingest.store import Store
 from ingest.validate import validate_batch
 from query.client import Client
+from store.store import Store
 from tests.fake_clickhouse import USER, running
 from tests.helpers import T0, S, closed_port, kernels, telemetry, trace, wait_until
 from tests.test_serve import serve
@@ -466,7 +466,7 @@ def test_an_import_chunk_cut_after_its_insert_is_stored_once_by_its_retry(tmp_pa
     """A batch that stands alone has no copy in ingest_pending: serve dies after its events went in
     (before the ledger), or after the ledger (before the answer); the writer's retry, to the restarted
     serve, stores it once all the same (the insert's token is the batch's own)."""
-    from ingest.group import ALONE_ROWS
+    from store.group import ALONE_ROWS
 
     def cut_at(point: str) -> tuple[dict[str, int], dict[str, int]]:
         home, listen = tmp_path / point.replace(":", "-"), closed_port()

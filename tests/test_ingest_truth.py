@@ -24,9 +24,10 @@ from grpc_health.v1 import health_pb2
 
 from agent.shipping.shipper import Shipper
 from agent.shipping.spool import EncodedBatch, Spool
-from ingest.store import BatchRefused, Store, StoreUnavailable
 from ingest.validate import validate_batch
 from query.client import Client
+from store.store import Store
+from store.storeerrors import BatchRefused, StoreUnavailable
 from tests.helpers import MS, T0, closed_port, counts, request, telemetry
 from tests.test_serve import health, serve
 from tracehouse.batch import BatchBuilder, encode_request

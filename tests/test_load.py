@@ -28,8 +28,9 @@ from ingest.admission import (
     Admission,
     Overloaded,
 )
-from ingest.store import Claim, Store
 from ingest.validate import ValidatedBatch
+from store.claim import Claim
+from store.store import Store
 from tests.helpers import Clock, counts, telemetry
 from tests.test_agent import config, sample_count
 from tracehouse.batch import encode_request

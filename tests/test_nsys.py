@@ -23,8 +23,8 @@ from agent.traces.importer import import_export
 from agent.traces.nsys import MEMCPY_KINDS, NsysError
 from agent.traces.nsys_synthetic import PID, SESSION_START_NS, Spec, global_tid, write_export
 from ingest.commitpolicy import CommitPolicy
-from ingest.store import Store
 from query.client import Client, QueryFailed
+from store.store import Store
 from tests.conftest import FIXTURES
 from tests.helpers import import_refused
 from tracehouse.cli.main import main

@@ -12,8 +12,9 @@ import grpc
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from ingest.store import Store, _can_renice
-from ingest.storeerrors import QueryTooLarge, StoreError
+from store.pools import can_renice
+from store.store import Store
+from store.storeerrors import QueryTooLarge, StoreError
 from tests.conftest import small_limits
 from tests.helpers import request, telemetry, wait_until
 from tests.timeline_trace import Trace
@@ -128,12 +129,12 @@ def test_a_read_past_its_share_of_memory_is_refused_and_the_server_answers_the_n
 
 
 def test_reads_run_at_the_lowest_priority_where_the_server_can_give_it_back(store: Store) -> None:
-    lowest = 19 if _can_renice() else 0  # without CAP_SYS_NICE the engine's shared threads would stay low
+    lowest = 19 if can_renice() else 0  # without CAP_SYS_NICE the engine's shared threads would stay low
     assert store.query("SELECT getSetting('os_threads_nice_value_query') AS nice").to_pylist() == [{"nice": lowest}]
 
 
 def test_users_sql_runs_at_the_lowest_priority_too(store: Store) -> None:
-    if not _can_renice():
+    if not can_renice():
         pytest.skip("this process cannot give a thread's priority back (no CAP_SYS_NICE): reads run as writes do")
     refused: list[BaseException] = []
     user = threading.Thread(target=lambda: _refused(refused, store.user_sql, "SELECT count() FROM numbers(1e11)", 1))

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest import store as store_module
-from ingest.migrations import LATEST_VERSION, MIGRATIONS
-from ingest.schema import Drop, Layout, render
-from ingest.store import Store
 from query import sql
 from query.client import Client
+from store import base, writes
+from store.migrations import LATEST_VERSION, MIGRATIONS
+from store.schema import Drop, Layout, render
+from store.store import Store
 from tests.helpers import MS, T0, S, request
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.serve import create_server
@@ -254,9 +254,9 @@ def test_an_upgrade_rolls_the_second_rollup_up_per_10_s_and_keeps_what_raw_sampl
     url = f"chdb://{tmp_path / 'store'}"
     data = _telemetry()
     with monkeypatch.context() as previous:
-        previous.setattr(store_module, "MIGRATIONS", MIGRATIONS[:4])
-        previous.setattr(store_module, "LATEST_VERSION", 4)
-        previous.setattr(store_module, "rollups", lambda samples: {})  # a server of v4: its views roll up
+        previous.setattr(base, "MIGRATIONS", MIGRATIONS[:4])
+        previous.setattr(base, "LATEST_VERSION", 4)
+        previous.setattr(writes, "rollups", lambda samples: {})  # a server of v4: its views roll up
         with Store.open(url, DEFAULT_LIMITS) as old:
             server = create_server(old, "127.0.0.1:0", DEFAULT_LIMITS)
             with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:

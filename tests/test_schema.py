@@ -9,9 +9,10 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from ingest.migrations import MIGRATIONS, RETENTION_NAMES, TABLES_BY_NAME, retention, script
-from ingest.schema import Layout, Statement, parse_retention, render
-from ingest.store import Store, parse_store_url, with_password
+from store.location import parse_store_url, with_password
+from store.migrations import MIGRATIONS, RETENTION_NAMES, TABLES_BY_NAME, retention, script
+from store.schema import Layout, Statement, parse_retention, render
+from store.store import Store
 from tracehouse.cli.main import main
 from tracehouse.model import DEFAULT_LIMITS
 

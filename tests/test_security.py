@@ -28,8 +28,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from agent.daemon import Agent
 from agent.shipping.writer import BatchWriter, WriteFailed
 from agent.telemetry.simulated import SimulatedBackend
-from ingest.store import Store
 from query.client import Client, QueryFailed
+from store.store import Store
 from tests.helpers import T0, counts, request, telemetry
 from tests.test_agent import config as agent_config
 from tests.test_agent import sample_count

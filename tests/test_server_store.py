@@ -10,10 +10,11 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from ingest.migrations import LATEST_VERSION
-from ingest.store import BatchConflict, SqlRejected, Store, StoreUnavailable
 from ingest.validate import ValidatedBatch, validate_batch
 from query.client import Client
+from store.migrations import LATEST_VERSION
+from store.store import Store
+from store.storeerrors import BatchConflict, SqlRejected, StoreUnavailable
 from tests.fake_clickhouse import USER, running
 from tests.helpers import MS, T0, counts, request, telemetry, trace
 from tracehouse.batch import BatchBuilder

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.store import Store
 from query.client import Client, QueryFailed
+from store.store import Store
 from tests.conftest import small_limits
 from tests.helpers import counts, request, telemetry
 from tracehouse.model import Limits

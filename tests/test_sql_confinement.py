@@ -1,6 +1,6 @@
 """User SQL reaches tracehouse's tables and nothing else: no file, network, process, dictionary,
 other database or server setting, whatever function, clause or name carries it (the engine's own
-parse against allow-lists, ingest/sqlguard.py); and all user SQL together is bounded."""
+parse against allow-lists, store/sqlguard.py); and all user SQL together is bounded."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ingest.store import SqlRejected, Store
 from query.client import Client, QueryFailed
+from store.store import Store
+from store.storeerrors import SqlRejected
 from tests.conftest import small_limits
 from tests.helpers import T0, request, telemetry, trace
 from tracehouse.channel import ClientSecurity
@@ -267,8 +268,8 @@ def test_memory_of_each_query_is_its_share_of_the_total(store: Store) -> None:
 def test_the_allow_lists_admit_no_other_engine_function(store: Store) -> None:
     """Against this engine's own list: an engine function the check lets through is a listed one or
     an aggregate (sumMap reads as sum with the Map combinator), never one it admits by letter case."""
-    from ingest import sqlguard
-    from ingest.sqlallow import AGGREGATE_FUNCTIONS, SCALAR_FUNCTIONS, TABLE_FUNCTIONS
+    from store import sqlguard
+    from store.sqlallow import AGGREGATE_FUNCTIONS, SCALAR_FUNCTIONS, TABLE_FUNCTIONS
 
     functions = store.query("SELECT name, is_aggregate FROM system.functions").to_pylist()
     admitted = {row["name"] for row in functions if sqlguard.function_allowed(row["name"])}
@@ -282,7 +283,7 @@ def test_the_allow_lists_admit_no_other_engine_function(store: Store) -> None:
 
 
 def test_refusal_reads_each_line_for_itself() -> None:
-    from ingest import sqlguard
+    from store import sqlguard
 
     outer = [
         "SelectWithUnionQuery (children 2)",

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ingest.store import Store
+from store.store import Store
 from tests.helpers import T0, counts, request, telemetry, trace
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import open_channel, read_token

@@ -1,7 +1,7 @@
 """tracehouse: GPU telemetry and Nsight Systems traces on one timeline, in ClickHouse.
 
 The modules directly in this package are the kernel that every part shares, and they import
-none of the parts (agent/, ingest/, query/, ui/): the generated wire protocol (`tracehouse.v1`),
+none of the parts (agent/, store/, ingest/, query/, ui/): the generated wire protocol (`tracehouse.v1`),
 batch encoding, the channel, the data model's vocabulary, metric names and limits, ids, time,
 config, tokens and TLS material. `tracehouse.cli` and `tracehouse.bench` are the composition
 root: the command line, the server wiring and the benchmarks, the only code that imports every

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from query.client import captures_frame
+from query.captureframe import captures_frame
 from ui.data import act, command, plain
 from ui.tables import styled
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from agent.runs.children import with_parent
-from ingest.store import Store
+from store.store import Store
 from tracehouse.bench.common import _child_environment, _stamp
 from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS

@@ -61,7 +61,7 @@ def engine_floor(events: int, batch_rows: int, counted: int = 0) -> dict[str, An
 
 
 def _measure(folder: str, events: int, batch_rows: int) -> dict[str, Any]:
-    from ingest.store import Store
+    from store.store import Store
     from tracehouse.model import DEFAULT_LIMITS
 
     with Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS) as store:

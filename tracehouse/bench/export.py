@@ -16,9 +16,9 @@ from typing import Any
 from agent.shipping.writer import BatchWriter
 from agent.traces.importer import import_export
 from agent.traces.nsys_synthetic import Spec, write_export
-from ingest.store import Store
 from query.client import Client
 from query.export import encode, fetch
+from store.store import Store
 from tracehouse.bench.common import _stamp, _timed
 from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS

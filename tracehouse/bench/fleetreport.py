@@ -44,7 +44,7 @@ def read_store(folder: str, batches: FleetBatches, base_ns: int) -> Stored:
     """Counted in the embedded store in `folder`, which no server holds now: each batch's values, told
     by its host and time; and each table's inserts: an insert into a MergeTree takes the table's next
     block number, which the part that holds it (or the part it was merged into) keeps."""
-    from ingest.store import Store
+    from store.store import Store
     from tracehouse.model import DEFAULT_LIMITS
 
     origin = base_ns - batches.interval_ns  # batch 0 starts one interval before the run

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ingest.store import Store
 from ingest.validate import ValidatedBatch, validate_batch
+from store.store import Store
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.bench.common import _each, _stamp, _timed
 from tracehouse.channel import encoded_write

@@ -259,7 +259,7 @@ def _measured(
 def _filled(folder: str, events: int) -> int:
     """A store in `folder` with one traced run of about `events` events for the readers (the run of
     `bench query`); how many events it holds."""
-    from ingest.store import Store
+    from store.store import Store
     from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
 
     with Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS) as store:

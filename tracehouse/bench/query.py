@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ingest.migrations import rollup_select
-from ingest.store import Store
 from query.analysis import gpu_time, nvtx_gpu_summary, phases
 from query.keeper import keep_runs
 from query.service import DEFAULT_MIN_GAP_NS
 from query.window import Predicates, RunSpan, Window, bounds, event_predicates
+from store.store import Store
+from store.tables import rollup_select
 from tracehouse.bench.common import _stamp, _timed
 from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
@@ -78,7 +78,7 @@ FROM (SELECT number % {QUERY_GPUS} AS gpu,
              {t0} + intDiv(number, {QUERY_GPUS * len(QUERY_METRICS)}) * {span // per_series} AS t,
              (cityHash64(number) % 1000) / 10 AS value
       FROM numbers({per_series * QUERY_GPUS * len(QUERY_METRICS)}))""")
-    for table, seconds in ROLLUP_SECONDS.items():  # as ingest rolls up what it stores (ingest/rollup.py)
+    for table, seconds in ROLLUP_SECONDS.items():  # as ingest rolls up what it stores (store/rollup.py)
         store.execute(f"INSERT INTO {{db}}.{table} {rollup_select('{db}.samples', seconds)}")
     store.execute(f"""
 INSERT INTO {{db}}.runs (run_id, name, host, source, start, end, relative_time, tags, attrs, importing, updated)

@@ -25,8 +25,8 @@ from agent.telemetry.sampler import Sampler
 from agent.telemetry.simulated import SimulatedBackend
 from agent.traces.importer import import_export
 from agent.traces.nsys_synthetic import Spec, write_export
-from ingest.store import Store
 from ingest.validate import validate_batch
+from store.store import Store
 from tracehouse.cli.serve import create_server
 from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
 from tracehouse.timefmt import NS_PER_S

@@ -107,8 +107,8 @@ def _served() -> Iterator[tuple[Any, Any]]:
     """A real server over a real store in a scratch folder: (the Ingest stub, a Query client)."""
     import grpc
 
-    from ingest.store import Store
     from query.client import Client
+    from store.store import Store
     from tracehouse.cli.serve import create_server
     from tracehouse.model import DEFAULT_LIMITS
     from tracehouse.v1 import ingest_pb2_grpc

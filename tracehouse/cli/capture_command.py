@@ -120,7 +120,8 @@ def _finished(asked: dict[str, Any]) -> bool:
 
 
 def run_captures(args: argparse.Namespace) -> int:
-    from query.client import Client, QueryFailed, captures_frame
+    from query.captureframe import captures_frame
+    from query.client import Client, QueryFailed
 
     client = Client(args.server, timeout=30, security=_client_security(args))
     try:
@@ -160,7 +161,7 @@ def _pasteable(message: str, typed: list[str]) -> str:
 def _print_table(captures: list[dict[str, Any]]) -> None:
     import pandas as pd
 
-    from query.client import captures_frame
+    from query.captureframe import captures_frame
     from tracehouse.cli.output import table_text
 
     if not captures:

@@ -32,24 +32,24 @@ from ingest.grants import OutOfBounds
 from ingest.groupcommit import GroupCommit
 from ingest.pace import Pace
 from ingest.service import IngestService
-from ingest.store import (
+from ingest.validate import BatchError
+from query.keeper import Keeper
+from query.service import QueryService
+from store.location import parse_store_url
+from store.store import Store
+from store.storeerrors import (
     BatchConflict,
     BatchRefused,
     QueryTooLarge,
     SqlRejected,
-    Store,
     StoreBusy,
     StoreError,
     StoreNotWritable,
     StoreUnavailable,
-    parse_store_url,
 )
-from ingest.validate import BatchError
-from query.keeper import Keeper
-from query.service import QueryService
-from query.window import QueryError, RunNotFound
 from tracehouse.model import Limits
 from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
+from tracehouse.requesterrors import QueryError, RunNotFound
 from tracehouse.security import ServerSecurity, TokenInterceptor, check_exposure, is_loopback
 from tracehouse.v1 import capture_pb2, ingest_pb2, query_pb2
 

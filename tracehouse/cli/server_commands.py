@@ -43,7 +43,7 @@ def _add_server_security(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_layout(parser: argparse.ArgumentParser) -> None:
-    from ingest.migrations import RETENTION_NAMES
+    from store.migrations import RETENTION_NAMES
 
     group = parser.add_argument_group("schema layout")
     group.add_argument(
@@ -167,7 +167,7 @@ def _store_url(args: argparse.Namespace) -> str:
     """--store (or the environment's), with a password from a file or the environment."""
     import os
 
-    from ingest.store import with_password
+    from store.location import with_password
     from tracehouse.regularfile import FileRefused, read_regular
 
     url = getattr(args, "store", None) or config.default_store_url()
@@ -184,14 +184,14 @@ def _store_url(args: argparse.Namespace) -> str:
 
 
 def _layout(args: argparse.Namespace) -> dict[str, Any]:
-    from ingest.migrations import retention
+    from store.migrations import retention
 
     return {"cluster": args.cluster, "shards_by": args.shards_by, "retention": retention(args.retention)}
 
 
 def run_schema(args: argparse.Namespace) -> int:
-    from ingest.migrations import script
-    from ingest.schema import Layout
+    from store.migrations import script
+    from store.schema import Layout
 
     try:
         layout = Layout(args.database, **_layout(args))
@@ -206,7 +206,7 @@ def run_schema(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from ingest.capture_rules import load_rules
-    from ingest.store import StoreUnavailable
+    from store.storeerrors import StoreUnavailable
     from tracehouse.cli.serve import serve
     from tracehouse.cli.up import Up
     from tracehouse.security import SecurityError, load_server_security

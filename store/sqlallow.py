@@ -1,4 +1,4 @@
-"""What user SQL may name: the allow-lists that ingest/sqlguard.py checks the engine's parse against.
+"""What user SQL may name: the allow-lists that store/sqlguard.py checks the engine's parse against.
 
 Chosen from ClickHouse 26.9's own function list (system.functions, by category) and written out here,
 so that a function a later engine release adds is refused until someone adds it. In: arithmetic,

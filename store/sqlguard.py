@@ -2,7 +2,7 @@
 
 The store wraps a user's text as `SELECT * FROM (\\n<text>\\n)`, has the engine parse exactly that
 (`EXPLAIN AST`, one line per node, indented by depth) and gives the lines to `refusal`, which
-allows only what ingest/sqlallow.py lists: node types, functions, table functions, and tables of
+allows only what store/sqlallow.py lists: node types, functions, table functions, and tables of
 the store's own database. Nothing is looked up by a deny-list of names.
 
 The dump prints identifiers and aliases as they are, so a name with a line break in it adds lines
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ingest.sqlallow import (
+from store.sqlallow import (
     AGGREGATE_FUNCTIONS,
     CASE_INSENSITIVE,
     COMBINATORS,

@@ -20,10 +20,10 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
 
-from ingest import sqlguard
-from ingest.location import StoreLocation
-from ingest.sqlpositions import in_user_text
-from ingest.storeerrors import SqlRejected, StoreUnavailable, clean_error, error_code
+from store import sqlguard
+from store.location import StoreLocation
+from store.sqlpositions import in_user_text
+from store.storeerrors import SqlRejected, StoreUnavailable, clean_error, error_code
 from tracehouse.model import Limits
 
 # ClickHouse error codes that mean the user's SQL was refused, by what it asked for.

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ingest.storeerrors import StoreNotWritable
+from store.storeerrors import StoreNotWritable
 
 
 def not_writable(folder: Path) -> StoreNotWritable | None:

@@ -12,18 +12,38 @@ import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.commitpolicy import DEFAULT_MAX_ROWS
-from ingest.validate import ValidatedBatch
-
 TABLES = ("samples", "events", "runs", "devices")
+# Below the engine's max_insert_block_size: an insert of at most this many rows is one block, one part
+# (ingest/commitpolicy.py's DEFAULT_MAX_ROWS is the same number, kept there for the CLI's defaults).
+BLOCK_ROWS = 1_000_000
 # A batch this large is an insert worth making on its own: an import sends 65,536 events a batch.
 ALONE_ROWS = 32_768
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
+class Batch(Protocol):
+    """A batch as the store takes it (ingest/validate.py's ValidatedBatch is one): its id, a digest
+    of its content (a batch id stored again with other content is told apart), its rows per table."""
+
+    @property
+    def batch_id(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def samples(self) -> pa.Table | None: ...
+    @property
+    def events(self) -> pa.Table | None: ...
+    @property
+    def runs(self) -> pa.Table | None: ...
+    @property
+    def devices(self) -> pa.Table | None: ...
+    def rows(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,7 @@ class Group:
         return pa.concat_tables(kept) if kept else self.tables[table].slice(0, 0)
 
 
-def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
+def new_group(batches: Sequence[Batch], received_ns: int) -> Group:
     """The batches, in order, as one group under a new commit number."""
     tables = {}
     for table in TABLES:
@@ -72,14 +92,14 @@ def new_group(batches: Sequence[ValidatedBatch], received_ns: int) -> Group:
     )
 
 
-def stands_alone(batch: ValidatedBatch) -> bool:
+def stands_alone(batch: Batch) -> bool:
     """Whether `batch` is stored as a group of its own, without a copy in ingest_pending: at least
     ALONE_ROWS events, nothing else (no rollups follow), all in one month (the events table's
     partition) and one block of the engine's, so that its insert makes one part."""
     events = batch.events
     if (
         events is None
-        or not ALONE_ROWS <= events.num_rows <= DEFAULT_MAX_ROWS
+        or not ALONE_ROWS <= events.num_rows <= BLOCK_ROWS
         or any(table is not None for table in (batch.samples, batch.runs, batch.devices))
     ):
         return False
@@ -88,7 +108,7 @@ def stands_alone(batch: ValidatedBatch) -> bool:
     return bool(months[0] == months[1])
 
 
-def lone_group(batch: ValidatedBatch, received_ns: int) -> Group:
+def lone_group(batch: Batch, received_ns: int) -> Group:
     """A batch that stands alone as its group, numbered by its id and content: sent again, it is
     stored under the same insert token, which the engine drops if the first insert landed."""
     digest = hashlib.sha256(f"{batch.batch_id}\n{batch.digest}".encode()).digest()
