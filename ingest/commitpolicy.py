@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracehouse.model import INSERT_BLOCK_ROWS
+
 DEFAULT_INTERVAL_S = 0.2
-DEFAULT_MAX_ROWS = 1_000_000  # store/group.py's BLOCK_ROWS: below the engine's max_insert_block_size, one part
+DEFAULT_MAX_ROWS = INSERT_BLOCK_ROWS  # a full group is one insert, one part
 
 
 @dataclass(frozen=True)

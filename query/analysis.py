@@ -16,8 +16,8 @@ from query.compare import MAX_COMPARE_RUNS, CompareSpan, compare_runs, compare_t
 from query.gpuwork import GAP, NS, RANGE_KINDS, WORK_KINDS, Query, reach
 from query.kept import KEEP_SETTINGS, keep_token, of_kept
 from query.projection import PHASE_METRICS, keep_ranges, kept_in_window, nvtx_gpu_ranges, nvtx_gpu_summary, phases
-from query.sql import INT64_MAX
 from query.window import Predicates
+from tracehouse.model import SUM_CAP_NS
 
 __all__ = [
     "DIFF_CATEGORIES",
@@ -217,7 +217,7 @@ GROUP BY name ORDER BY kernels DESC, name"""
 def short_kernels(where: Predicates, short_ns: int) -> Query:
     sql = f"""
 SELECT name, countIf(d < {{short:Int64}}) AS short, count() AS kernels, 100 * short / kernels AS short_pct,
-       toInt64(least(sumIf(toInt128(d), d < {{short:Int64}}), {INT64_MAX})) AS short_total_ns
+       toInt64(least(sumIf(toInt128(d), d < {{short:Int64}}), {SUM_CAP_NS})) AS short_total_ns
 FROM (SELECT name, {NS}(end) - {NS}(start) AS d FROM {{db}}.events WHERE kind = 'kernel' AND {where.sql()})
 GROUP BY name HAVING short > 0 ORDER BY short DESC, name"""
     return sql, {**where.params, "short": short_ns}
@@ -263,17 +263,17 @@ def diff(run_a: str, run_b: str, summaries: list[str], limit: int) -> Query:
     side = {"a": "{run_a:String}", "b": "{run_b:String}"}
     columns = ",\n       ".join(
         f"countIf(run_id = {run}) AS instances_{k}, sumIf(toInt128(d), run_id = {run}) AS sum_{k}, "
-        f"toInt64(least(sum_{k}, {INT64_MAX})) AS total_ns_{k}, "
+        f"toInt64(least(sum_{k}, {SUM_CAP_NS})) AS total_ns_{k}, "
         f"if(instances_{k} > 0, avgIf(toFloat64(d), run_id = {run}), NULL) AS avg_ns_{k}"
         for k, run in side.items()
     )
     sql = f"""
 SELECT category, name, instances_a, total_ns_a, avg_ns_a, instances_b, total_ns_b, avg_ns_b, delta_ns, delta_pct,
-       toBool(greatest(sum_a, sum_b, abs(sum_b - sum_a)) > {INT64_MAX}) AS saturated
+       toBool(greatest(sum_a, sum_b, abs(sum_b - sum_a)) > {SUM_CAP_NS}) AS saturated
 FROM (
 SELECT category, name,
        {columns},
-       toInt64(greatest(least(sum_b - sum_a, {INT64_MAX}), -{INT64_MAX})) AS delta_ns,
+       toInt64(greatest(least(sum_b - sum_a, {SUM_CAP_NS}), -{SUM_CAP_NS})) AS delta_ns,
        if(sum_a > 0, 100 * (toFloat64(sum_b) - toFloat64(sum_a)) / toFloat64(sum_a), NULL) AS delta_pct
 FROM (
     SELECT multiIf(kind = 'kernel', 'kernels', kind = 'cuda_api', 'api', 'memops') AS category, name, run_id,

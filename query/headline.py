@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from tracehouse.model import SUM_CAP_NS
 from tracehouse.readable import for_people
 from tracehouse.shortnames import unique_short_names
 from tracehouse.units import count, duration, missing, number, percent, seconds, size
@@ -19,7 +20,6 @@ BIGGEST = 3  # changes named in the sentence
 NAME_WIDTH = 48
 SAME_PCT = 0.05  # durations closer than this (in %) read as equal: their rounded difference is 0.0 %
 MINUS = "-"
-CAP_NS = 2**63 - 1  # a sum past it is answered at it (query/sql.py's capped_sum), `saturated` set
 
 
 def compare_headline(runs: pd.DataFrame, changes: pd.DataFrame) -> str:
@@ -69,12 +69,12 @@ def _biggest(changes: pd.DataFrame) -> str:
     labels = unique_short_names(top["name"].astype(str), NAME_WIDTH)
     parts = [f"{labels[str(row['name'])]} {_signed(row['delta_ns'])} ({_pct(row)})" for row in top.to_dict("records")]
     capped = "saturated" in changes.columns and bool(changes["saturated"].fillna(False).any())
-    note = f" Sums past {duration(CAP_NS)} are shown at that cap." if capped else ""
+    note = f" Sums past {duration(SUM_CAP_NS)} are shown at that cap." if capped else ""
     return f"Biggest change{'s' if len(parts) > 1 else ''}: {', '.join(parts)}.{note}"
 
 
 def _signed(ns: float) -> str:
-    over = "over " if abs(float(ns)) >= CAP_NS else ""
+    over = "over " if abs(float(ns)) >= SUM_CAP_NS else ""
     return f"{over}{MINUS if ns < 0 else '+'}{duration(abs(float(ns)))}"
 
 

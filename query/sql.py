@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from query import answerbytes
 from query.window import Predicates, ns
-from tracehouse.model import ROLLUP_SECONDS
+from tracehouse.model import ROLLUP_SECONDS, SUM_CAP_NS
 from tracehouse.requesterrors import QueryError
 from tracehouse.timefmt import NS_PER_S
 
@@ -223,12 +223,9 @@ def parse_page_token(token: str) -> tuple[int, int] | None:
     return start, event_id
 
 
-INT64_MAX = 2**63 - 1
-
-
 def capped_sum(expression: str) -> str:
     """A sum of Int64 durations that cannot wrap: taken in Int128, answered in Int64, at most 2**63 - 1."""
-    return f"toInt64(least(sum(toInt128({expression})), {INT64_MAX}))"
+    return f"toInt64(least(sum(toInt128({expression})), {SUM_CAP_NS}))"
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracehouse.model import INSERT_BLOCK_ROWS
+
 TABLES = ("samples", "events", "runs", "devices")
-# Below the engine's max_insert_block_size: an insert of at most this many rows is one block, one part
-# (ingest/commitpolicy.py's DEFAULT_MAX_ROWS is the same number, kept there for the CLI's defaults).
-BLOCK_ROWS = 1_000_000
 # A batch this large is an insert worth making on its own: an import sends 65,536 events a batch.
 ALONE_ROWS = 32_768
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -99,7 +98,7 @@ def stands_alone(batch: Batch) -> bool:
     events = batch.events
     if (
         events is None
-        or not ALONE_ROWS <= events.num_rows <= BLOCK_ROWS
+        or not ALONE_ROWS <= events.num_rows <= INSERT_BLOCK_ROWS
         or any(table is not None for table in (batch.samples, batch.runs, batch.devices))
     ):
         return False

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from ingest.commitpolicy import DEFAULT_MAX_ROWS
-from store.group import BLOCK_ROWS
 from store.location import parse_store_url
 from store.migrations import LATEST_VERSION
 from store.store import Store
@@ -51,8 +49,3 @@ def test_migrations_apply_once_and_rerun_safely(tmp_path: Path) -> None:
         first.close()
     with pytest.raises(StoreUnavailable, match="newer than this tracehouse"):
         Store.open(url, DEFAULT_LIMITS)
-
-
-def test_a_full_group_is_one_block_of_the_engine() -> None:
-    """The commit policy's default stays what the store takes as one insert, one part."""
-    assert DEFAULT_MAX_ROWS == BLOCK_ROWS

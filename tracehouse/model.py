@@ -53,6 +53,12 @@ NO_STREAM = -1
 MAX_TIME_NS = 7_258_118_400 * 10**9
 MAX_EVENT_NS = 366 * 86_400 * 10**9  # the longest event: a year (a long training phase)
 MAX_EVENT_BYTES = 1 << 50  # the most bytes one event may move (1 PiB)
+# Sums of durations are taken exactly (Int128 in the engine) and answered in Int64, saturated here (292 years):
+# an answer at it says so.
+SUM_CAP_NS = 2**63 - 1
+# Below the engine's max_insert_block_size: an insert of at most this many rows is one block, one part. The
+# store's group commit joins batches up to it; the commit policy's default row count is it.
+INSERT_BLOCK_ROWS = 1_000_000
 
 
 def half_the_memory() -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from tracehouse import units
+from tracehouse.model import SUM_CAP_NS
 from tracehouse.shortnames import DEFAULT_WIDTH, unique_short_names
 
 Formatter = Callable[[Any], str]
@@ -108,9 +109,6 @@ def _plain(value: Any) -> str:
     if isinstance(value, float):
         return units.significant(value, 4)
     return for_people(str(value))
-
-
-SUM_CAP_NS = 2**63 - 1  # a sum past it is answered at it (query/sql.py's capped_sum): it was more
 
 
 def _duration(value: Any) -> str:
