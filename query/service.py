@@ -247,10 +247,13 @@ class QueryService(query_pb2_grpc.QueryServicer):
         return self._bounded_table(*sql.summary(event_predicates(window, run), request.kind, request.limit))
 
     def _table(self, text: str, params: dict[str, object]) -> query_pb2.Table:
-        table = self.store.query(text, params)
+        return self._answer(self.store.query(text, params))
+
+    def _answer(self, table: pa.Table, truncated: bool = False) -> query_pb2.Table:
+        """`table` as an answer, refused over max_answer_bytes (its query does not bound its bytes itself)."""
         data = ipc_bytes(table)
         self._within(len(data))
-        return query_pb2.Table(arrow_ipc=data, rows=table.num_rows)
+        return query_pb2.Table(arrow_ipc=data, rows=table.num_rows, truncated=truncated)
 
     def _within(self, size: int) -> None:
         """Refuse an answer of `size` bytes over max_answer_bytes (where its query does not bound them itself)."""
@@ -359,9 +362,7 @@ class QueryService(query_pb2_grpc.QueryServicer):
         found = self._compared(run_ids, tags, "run_ids")
         runs = found[: analysis.MAX_COMPARE_RUNS]
         table = compare_table(runs, top, self._rows_of)
-        data = ipc_bytes(table)
-        self._within(len(data))
-        return query_pb2.Table(arrow_ipc=data, rows=table.num_rows, truncated=len(found) > len(runs))
+        return self._answer(table, truncated=len(found) > len(runs))
 
     def _rows_of(self, text: str, params: dict[str, object]) -> list[dict[str, Any]]:
         return _rows(self.store.query(text, params))
