@@ -160,7 +160,7 @@ class Spool:
         self._bytes = 0
         self._full_warned = False
         for path in sorted(self.folder.glob(f"*{SUFFIX}")):
-            entry = self._index(path) if self._regular(path) else None
+            entry = self._index(path)
             if entry is not None:
                 self._entries.append(entry)
                 self._bytes += entry.size
@@ -168,21 +168,19 @@ class Spool:
         for stale in self.folder.glob("*.tmp"):
             stale.unlink(missing_ok=True)
 
-    def _regular(self, path: Path) -> bool:
-        """Whether `path` is a regular file; what is not (a FIFO, a folder) is no batch of ours: left alone."""
-        try:
-            open_regular(path).close()
-        except FileRefused as error:
-            log.error("spool: %s; left alone, no batch is read from it", error)
-            return False
-        return True
-
     def _bound(self) -> int:
         return min(self.max_bytes, MAX_FILE_BYTES)
 
     def _index(self, path: Path) -> _Entry | None:
+        """The spool file at `path`, checked; a file that fails is moved aside, and what is no regular
+        file (a FIFO, a folder) is no batch of ours: left alone, with a logged line."""
         try:
-            with open_regular(path) as file:
+            file = open_regular(path)
+        except FileRefused as error:
+            log.error("spool: %s; left alone, no batch is read from it", error)
+            return None
+        try:
+            with file:
                 size = os.fstat(file.fileno()).st_size
                 if size > self._bound():
                     raise SpoolFileError(f"{size:,} bytes, more than a spool file of {self._bound():,} bytes can be")
@@ -193,7 +191,7 @@ class Spool:
                 id_length = FIELDS.unpack_from(head, len(MAGIC) + CHECK.size)[3] if len(head) == HEAD else 0
                 batch_id, values, _ = decode_head(head, file.read(id_length), size)
             return _Entry(path, batch_id, values, size)
-        except (OSError, SpoolFileError, FileRefused) as error:
+        except (OSError, SpoolFileError) as error:
             self._quarantine(path, str(error), "", None)
             return None
 
