@@ -30,6 +30,7 @@ from tests.fuzz_worker import Sink
 from tests.helpers import telemetry, wait_until
 from tracehouse.batch import encode_request
 from tracehouse.cli.main import main
+from tracehouse.cli.options import command_name
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STRING = 64 << 10
@@ -240,7 +241,8 @@ def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finish
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tracehouse: big.sqlite: interrupted after "), err[-2000:]
     again = lines[0].rpartition(": ")[2]
-    assert shlex.split(again) == ["tracehouse", *command], "the hint runs the same import"
+    ran_as = command_name("-m")  # as `python -m tracehouse.cli` names itself: `tracehouse` where that is on PATH
+    assert again == f"{ran_as} {shlex.join(command)}", "the hint runs the same import, as it can be run here"
     assert client.sql("SELECT count() AS n FROM runs WHERE host = 'edge-import' AND NOT importing")["n"][0] == 0
 
     assert main(command) == 0, "the hint, run: it finishes the import"

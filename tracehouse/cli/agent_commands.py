@@ -20,6 +20,7 @@ from tracehouse.cli.options import (
     _size,
     _tag,
     _tick,
+    command_name,
 )
 
 
@@ -202,7 +203,7 @@ def run_import(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
         stored = writer.abandon()
-        again = shlex.join(["tracehouse", *args.typed])
+        again = f"{command_name()} {shlex.join(args.typed)}"
         print(f"tracehouse: {path.name}: interrupted after {stored} batches were stored; its run stays hidden until "
               f"the import is run again, which stores only the rest: {again}", file=sys.stderr)  # fmt: skip
         return 128 + signal.SIGINT
