@@ -14,13 +14,13 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool, encode
-from agent.traces.importer import import_export
+from agent.traces.importer import import_export, prefetched
 from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from agent.traces.watch import FolderWatcher
@@ -252,6 +252,24 @@ def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finish
         "AND kind NOT IN ('process', 'thread')"  # named by the import, not counted in its events
     ).iloc[0]
     assert int(counts["n"]) == int(counts["ids"]) == shipped, "every event once: nothing stored twice"
+
+
+def test_a_prefetch_stopped_after_its_reader_read_everything_ends() -> None:
+    """Ctrl-C while the reader waits to hand over its end: the reader must not wait for good (the
+    import's interrupt hung in the join, 1 run in 3)."""
+    read_all = threading.Event()
+
+    def chunks() -> Iterator[int]:
+        yield from (1, 2, 3)
+        read_all.set()
+
+    ahead = prefetched(chunks(), depth=2)
+    assert next(ahead) == 1
+    assert read_all.wait(10), "the reader read every chunk (2 and 3 wait in the queue)"
+    closing = threading.Thread(target=ahead.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "the consumer's stop ended the reader"
 
 
 # -- Kineto ids out of range -------------------------------------------------------------------------

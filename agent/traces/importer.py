@@ -240,20 +240,25 @@ def prefetched(chunks: Iterator[T], depth: int = 2) -> Iterator[T]:
     ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def offer(item: Any) -> bool:
+        """Hand `item` over, unless the consumer stopped meanwhile (then no one takes it: a blocking
+        put would hold this thread, and the consumer's join, for good)."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def read() -> None:
         try:
             for chunk in chunks:
-                while not stop.is_set():
-                    try:
-                        ready.put(chunk, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer(chunk):
                     return
-            ready.put(_DONE)
+            offer(_DONE)
         except BaseException as error:  # handed to the consumer, raised there
-            ready.put(error)
+            offer(error)
 
     thread = threading.Thread(target=read, name="trace-reader", daemon=True)
     thread.start()
