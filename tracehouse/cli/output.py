@@ -23,7 +23,8 @@ import pandas as pd
 from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, bytes_text, column_kind, readable
 
 FORMATS = ("table", "json", "csv")
-WIDE_ONLY = ("attrs", "extras")  # maps of any width: in --wide, JSON and CSV
+WIDE_ONLY = ("attrs", "extras", "top_kernels_full")  # maps of any width, full names: in --wide, JSON and CSV
+NARROW_ONLY = ("top_kernels",)  # short names with a full twin: tables without --wide
 MAX_CELL = 48  # other text cut to this in a table (names get unique short forms instead)
 
 
@@ -84,7 +85,7 @@ def table_text(frame: pd.DataFrame, wide: bool = False) -> str:
     """The frame as lines of text for a terminal: two spaces between columns, numbers right-aligned."""
     if frame.empty:
         return "(no rows)\n"
-    hide = () if wide else (*OPAQUE_IDS, *WIDE_ONLY)
+    hide = NARROW_ONLY if wide else (*OPAQUE_IDS, *WIDE_ONLY)
     kept = [str(c) for c in frame.columns if c not in hide]
     shown = readable(frame, name_width=None, hide=hide) if wide else readable(frame, hide=hide)
     cuts = [not wide and c not in NAME_COLUMNS and column_kind(c, frame[c]) == "text" for c in kept]

@@ -60,7 +60,8 @@ def _add_query(commands: Any) -> None:
         "--format", choices=("table", "json", "csv"), default="table",
         help="table for people (human units); json and csv for programs (exact ns and bytes)",
     )  # fmt: skip
-    common.add_argument("--wide", action="store_true", help="tables: whole names, ids and attributes")
+    common.add_argument("--wide", "--full-names", dest="wide", action="store_true",
+                        help="tables: whole names (not their short forms), ids and attributes")  # fmt: skip
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default %(default)s)")
     sub = query.add_subparsers(dest="what", required=True, metavar="WHAT")
 
