@@ -19,6 +19,10 @@ import pandas as pd
 from tracehouse.model import DEFAULT_LIMITS
 
 MAX_INDEX = DEFAULT_LIMITS.max_gpu_index
+TRACED = ("nsys", "kineto")
+# in a trace's attrs since tracehouse counted the GPUs its work or telemetry touched as `gpus`
+# (agent/traces/importer.py): how many the trace describes
+DESCRIBED = "gpus_described"
 MAX_COMPARED = 100  # runs that recorded no GPUs: compare finds theirs, for this many at most
 
 
@@ -64,6 +68,8 @@ def recorded_count(source: str, attrs: Mapping[str, str], registered: Sequence[i
     stored = attrs.get("gpus", "").strip()
     if source != "user" and _small_number(stored) and 0 < int(stored) <= MAX_INDEX + 1:
         return int(stored)
+    if source in TRACED and stored == "0" and DESCRIBED in attrs:  # a trace whose work touched no GPU
+        return 0
     return len(set(registered)) or None
 
 
