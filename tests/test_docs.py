@@ -1,0 +1,112 @@
+"""The README stays short and its links resolve; every command's --help ends with a docs page that
+exists; the generated references name every command, option, service and message."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tools.docsite.cli_reference import cli_reference
+from tools.docsite.examples import examples
+from tools.docsite.hooks import expand
+from tracehouse.cli.docpages import PAGES, epilog, page_for, subcommands
+from tracehouse.cli.main import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 300
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def relative_links(markdown: str) -> list[str]:
+    """The link targets of `markdown` that point into the repository (no scheme, no bare anchor)."""
+    outside_code = re.sub(r"```.*?```", "", markdown, flags=re.DOTALL)
+    outside_code = re.sub(r"`[^`\n]*`", "", outside_code)
+    return [t for t in LINK.findall(outside_code) if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def broken_links(document: Path) -> list[str]:
+    broken = []
+    for target in relative_links(document.read_text(encoding="utf-8")):
+        path = unquote(target.split("#", 1)[0])
+        if not (document.parent / path).exists():
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_fits_in_300_lines() -> None:
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def test_the_readme_keeps_the_test_command_that_ci_reads() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- test-command -->\n```\n(.*)\n```\n<!-- /test-command -->", text)
+    assert found and "pip install -e '.[test]'" in found.group(1) and "pytest" in found.group(1)
+    first_block = re.search(r"```\n(.*?)\n```", text, flags=re.DOTALL)
+    assert first_block and "tracehouse up" in first_block.group(1), "the first command installs and runs up"
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves() -> None:
+    documents = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    broken = {str(d.relative_to(REPO)): links for d in documents if (links := broken_links(d))}
+    assert not broken
+
+
+def test_a_broken_link_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("[ok](page.md) [gone](docs/gone.md#x) `[code](no.md)` [web](https://x.org)\n", encoding="utf-8")
+    assert broken_links(page) == ["docs/gone.md#x"]
+
+
+def test_every_command_help_ends_with_a_docs_page_that_exists() -> None:
+    parser = build_parser()
+    commands = [("", parser), *subcommands(parser)]
+    assert len(commands) > 30
+    for command, sub in commands:
+        page = page_for(command)
+        assert (REPO / page).is_file(), f"tracehouse {command}: {page} does not exist"
+        assert sub.format_help().rstrip().endswith(epilog(command)), f"tracehouse {command} --help"
+
+
+def test_each_page_mapping_names_a_real_command() -> None:
+    names = {command for command, _ in subcommands(build_parser())} | {""}
+    assert set(PAGES) <= names, f"stale entries: {sorted(set(PAGES) - names)}"
+
+
+def test_the_cli_reference_names_every_command_and_option() -> None:
+    parser = build_parser()
+    text = cli_reference(parser)
+    for command, sub in subcommands(parser):
+        assert f"`tracehouse {command}`" in text
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            for option in action.option_strings:
+                assert f"`{option}`" in text, f"tracehouse {command} {option}"
+
+
+def test_the_docs_pages_hold_the_generation_markers() -> None:
+    cli = (REPO / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    assert "<!-- generated: cli-reference -->" in cli
+    made = expand(cli, "reference/cli.md")
+    assert "## `tracehouse verdict`" in made and "`--fail-if-slower`" in made
+
+
+def test_the_protocol_reference_names_every_service_method_and_message() -> None:
+    pytest.importorskip("grpc_tools")
+    made = expand("<!-- generated: proto-reference -->", "reference/wire-protocol.md")
+    for proto in sorted((REPO / "proto" / "tracehouse" / "v1").glob("*.proto")):
+        text = proto.read_text(encoding="utf-8")
+        for kind, name in re.findall(r"^\s*(service|message|rpc|enum)\s+(\w+)", text, flags=re.MULTILINE):
+            assert f"`{name}`" in made, f"{proto.name}: {kind} {name}"
+    assert "Idempotency key chosen by the sender" in made  # a field's comment, as the .proto says it
+
+
+def test_every_how_to_has_an_example_that_runs() -> None:
+    pages = sorted((REPO / "docs" / "how-to").glob("*.md"))
+    without = [p.name for p in pages if not examples(p) and p.name != "explorer.md"]  # the explorer is a browser
+    assert not without
