@@ -1,5 +1,6 @@
 """The README stays short and its links resolve; every command's --help ends with a docs page that
-exists; the generated references name every command, option, service and message."""
+exists; every option a page shows is one its command takes; the generated references name every
+command, option, service and message."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 from tools.docsite.cli_reference import cli_reference
+from tools.docsite.commandlines import command_lines, unknown_options
 from tools.docsite.examples import examples
 from tools.docsite.hooks import expand
 from tracehouse.cli.docpages import PAGES, epilog, page_for, subcommands
@@ -110,3 +112,26 @@ def test_every_how_to_has_an_example_that_runs() -> None:
     pages = sorted((REPO / "docs" / "how-to").glob("*.md"))
     without = [p.name for p in pages if not examples(p) and p.name != "explorer.md"]  # the explorer is a browser
     assert not without
+
+
+def test_every_option_the_docs_show_is_one_the_command_takes() -> None:
+    parser = build_parser()
+    documents = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    history = REPO / "docs" / "benchmarks" / "history.md"  # dated: what was run then, as it was typed
+    shown = [(d, n, line) for d in documents if d != history for n, line in command_lines(d)]
+    assert len(shown) > 100
+    unknown = [
+        f"{d.relative_to(REPO)}:{n}: {bad} in {line}" for d, n, line in shown if (bad := unknown_options(line, parser))
+    ]
+    assert not unknown, "\n".join(unknown)
+
+
+def test_a_renamed_option_in_a_synopsis_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `tracehouse query kernels --limitt 5`.\n\n```\ntracehouse verdict A B [--skip N]\n"
+        "                  [--fail-if-slowr 2%]\ntracehouse run --name x -- python t.py --batch 3\n```\n",
+        encoding="utf-8",
+    )
+    found = [unknown_options(line, build_parser()) for _, line in command_lines(page)]
+    assert found == [["--limitt"], ["--fail-if-slowr"], []]
