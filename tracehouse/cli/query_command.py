@@ -168,7 +168,15 @@ def run_query(args: argparse.Namespace) -> int:
     try:
         return _answer(client, args)
     except QueryFailed as error:
+        from tracehouse.cli.query_hints import range_among_steps
+
+        retry, hint = range_among_steps(client, args, str(error))
+        if retry is not None:  # a ProfilerStep#N stored as a step: the question over its span
+            print(f"tracehouse: {hint}", file=sys.stderr)
+            return _answer(client, retry)
         print(f"tracehouse: {pasteable(str(error), getattr(args, 'typed', []))}", file=sys.stderr)
+        if hint:
+            print(f"tracehouse: {hint}", file=sys.stderr)
         return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
     finally:
         client.close()
@@ -208,7 +216,10 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
         frame = gpu_time
     elif args.what == "nvtx-gpu":
+        from tracehouse.cli.query_hints import drop_empty_ranges
+
         frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
+        frame = drop_empty_ranges(frame, args.ranges) if args.format != "json" else frame
         note = both_styles(frame["summary"]) if table else ""
     elif args.what == "phases":
         frame = client.phases(**_window(args))
@@ -236,6 +247,11 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         frame = client.sql(text, args.max_rows or 0)
         if frame.attrs.get("truncated"):
             print(f"tracehouse: result truncated to {len(frame)} rows", file=sys.stderr)
+        if table:
+            from tracehouse.cli.query_hints import sql_note
+
+            if sql_note(frame, text):
+                print(sql_note(frame, text), file=sys.stderr)
     if isinstance(frame, dict):
         render_many(frame, args.format, wide=args.wide)
     else:
