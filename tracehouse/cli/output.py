@@ -34,6 +34,8 @@ def _time_columns(frame: pd.DataFrame) -> list[str]:
 
 def _as_ns(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
+    for column in [c for c in out.columns if pd.api.types.is_timedelta64_dtype(out[c].dtype)]:  # intervals: ns
+        out[column] = pd.array([None if pd.isna(v) else int(v.value) for v in out[column]], dtype="Int64")
     for column in _time_columns(out):
         values = out[column]
         out[column] = (
