@@ -15,6 +15,7 @@ from tools.docsite.cli_reference import cli_reference
 from tools.docsite.commandlines import command_lines, unknown_options
 from tools.docsite.examples import examples
 from tools.docsite.hooks import expand
+from tools.docsite.screenshots import BROWSER_TEST, copy_screenshots, taken_by_the_browser_test
 from tracehouse.cli.docpages import PAGES, epilog, page_for, subcommands
 from tracehouse.cli.main import build_parser
 
@@ -135,3 +136,26 @@ def test_a_renamed_option_in_a_synopsis_is_found(tmp_path: Path) -> None:
     )
     found = [unknown_options(line, build_parser()) for _, line in command_lines(page)]
     assert found == [["--limitt"], ["--fail-if-slowr"], []]
+
+
+def test_the_docs_show_only_pictures_the_browser_test_takes() -> None:
+    taken = taken_by_the_browser_test(BROWSER_TEST.read_text(encoding="utf-8"))
+    assert {"runs", "timeline", "compare"} <= taken
+    documents = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    shown = {
+        Path(target).stem
+        for d in documents
+        for target in relative_links(d.read_text(encoding="utf-8"))
+        if "screenshots/" in target
+    }
+    assert shown and shown <= taken, f"not taken by tests/test_browser.py: {sorted(shown - taken)}"
+
+
+def test_screenshots_are_copied_from_the_browser_tests_folder(tmp_path: Path) -> None:
+    source = tmp_path / "browser"
+    source.mkdir()
+    (source / "runs.png").write_bytes(b"\x89PNG")
+    copied = copy_screenshots(source, tmp_path / "docs")
+    assert [p.name for p in copied] == ["runs.png"] and (tmp_path / "docs" / "runs.png").read_bytes() == b"\x89PNG"
+    with pytest.raises(FileNotFoundError, match="run the browser test first"):
+        copy_screenshots(tmp_path / "empty", tmp_path / "docs")
