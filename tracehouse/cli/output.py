@@ -25,6 +25,7 @@ from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, bytes_text, column_kin
 FORMATS = ("table", "json", "csv")
 WIDE_ONLY = ("attrs", "extras", "top_kernels_full")  # maps of any width, full names: in --wide, JSON and CSV
 NARROW_ONLY = ("top_kernels",)  # short names with a full twin: tables without --wide
+UNCUT = ("top_kernels",)  # short names already, each with its share: cut, they would lose the share
 MAX_CELL = 48  # other text cut to this in a table (names get unique short forms instead)
 
 
@@ -90,7 +91,7 @@ def table_text(frame: pd.DataFrame, wide: bool = False) -> str:
     hide = NARROW_ONLY if wide else (*OPAQUE_IDS, *WIDE_ONLY)
     kept = [str(c) for c in frame.columns if c not in hide]
     shown = readable(frame, name_width=None, hide=hide) if wide else readable(frame, hide=hide)
-    cuts = [not wide and c not in NAME_COLUMNS and column_kind(c, frame[c]) == "text" for c in kept]
+    cuts = [not wide and c not in (*NAME_COLUMNS, *UNCUT) and column_kind(c, frame[c]) == "text" for c in kept]
     columns = [
         [header, *(_cell(str(v), cut) for v in shown[header])] for header, cut in zip(shown.columns, cuts, strict=True)
     ]
