@@ -240,7 +240,9 @@ def test_compare_shows_the_biggest_changes_first(
     address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = open_app(address, monkeypatch, "compare", a="r1", b="r2")
-    assert re.search(r"\b(faster|slower)\b", texts(app.success)), "the answer first, in a sentence"
+    said = " ".join(texts(found) for found in (app.success, app.warning, app.info, app.markdown))
+    assert re.search(r"\b(faster|slower)\b", said), "the answer, in a sentence"
+    assert len(app.success) + len(app.warning) + len(app.info) == 1, "one headline"
     changes = client.diff("r1", "r2")
     listed = app.dataframe[1].value
     assert list(listed["name"]) == list(changes["name"]) and list(listed["Δ"]) == list(changes["delta_ns"])
@@ -264,7 +266,7 @@ def test_sql_console_runs_read_only_queries(
     assert set(answer["name"]) == {w["name"] for w in traces["r1"].work + traces["r2"].work if w["kind"] == "kernel"}
     assert list(shown(app.dataframe[0])["total"]) == [units.duration(ns) for ns in answer["total"]]
     _, unit = units.axis_scale("ns", answer["total"].max())
-    assert figure_of(app)["layout"]["yaxis"]["title"]["text"] == f"total_ns ({unit})"
+    assert figure_of(app)["layout"]["yaxis"]["title"]["text"] == f"total ({unit})", "the header's words, not total_ns"
     app.text_area[0].input("SELECT number FROM numbers(50)")
     app.number_input[0].set_value(10)
     [run] = [b for b in app.button if b.label == "Run"]

@@ -5,6 +5,8 @@ the biggest changes first; every other column in expanders."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 import streamlit as st
 
@@ -12,6 +14,7 @@ from query.headline import compare_headline, key_figures
 from query.verdict_text import headline, measures_rows, parts_rows, runs_rows
 from tracehouse.shortnames import unique_short_names
 from ui import figures
+from ui.changes import absent_blank, speed_word
 from ui.controls import run_label
 from ui.data import ask, attempt, plain, stop_if_empty
 from ui.tables import styled, table
@@ -19,7 +22,7 @@ from ui.tables import styled, table
 SUMMARIES = ("kernels", "api", "memops")
 CHANGE_COLUMNS = ("category", "name", "total_ns_a", "total_ns_b", "delta_ns", "delta_pct")
 NOT_MEASURED = "not measured"
-VERDICT_BOX = {"faster": st.success, "slower": st.warning}  # any other word: st.info
+VERDICT_BOX: dict[str, Callable[[str], object]] = {"faster": st.success, "slower": st.warning}  # else st.info
 
 
 def short_parts(parts: pd.DataFrame) -> pd.DataFrame:
@@ -28,22 +31,28 @@ def short_parts(parts: pd.DataFrame) -> pd.DataFrame:
     return parts.assign(part=parts["part"].astype(str).map(labels))
 
 
-def show_verdict(run_a: str, run_b: str) -> None:
-    """The verdict of B against A per step, in small static tables (the explorer's grids are for
-    the long tables below); without steps, or when the verdict fails, a line saying so."""
+def box_of(text: str) -> Callable[[str], object]:
+    """The colour a headline's own word means: green where B is faster, orange where slower, blue
+    for anything else (too noisy to tell, the same, not measured)."""
+    return VERDICT_BOX.get(speed_word(text), st.info)
+
+
+def show_verdict(run_a: str, run_b: str) -> bool:
+    """The verdict of B against A per step, headline first, in small static tables (the explorer's
+    grids are for the long tables below); without a verdict, a line saying why. True where the
+    verdict is the page's headline."""
     frames, why = attempt("verdict", (run_a,), (run_b,))
     if why:
-        st.warning(f"No verdict for these runs. {why}")
-        return
+        st.caption(f"No verdict per step for these runs. {why}")
+        return False
     measures: pd.DataFrame = frames["measures"]
     known = measures[measures["verdict"] != NOT_MEASURED] if not measures.empty else measures
     if known.empty:
-        st.info(
-            "No verdict: these runs have no steps to compare (training steps, NVTX step ranges), "
-            "nor GPU work or telemetry long enough to cut into windows."
-        )
-        return
-    VERDICT_BOX.get(str(known.iloc[0]["verdict"]), st.info)(plain(headline(measures), 2000))
+        notes = "; ".join(str(note) for note in measures.attrs.get("notes", []))
+        st.caption("No verdict per step: " + plain(notes or headline(measures), 2000))
+        return False
+    said = headline(measures)
+    box_of(said)(plain(said, 2000))
     st.table(measures_rows(measures).set_index("measure"))
     if not frames["parts"].empty:
         st.markdown("**Where the step time went** (per step, B - A)")
@@ -56,6 +65,7 @@ def show_verdict(run_a: str, run_b: str) -> None:
         st.table(parts_rows(frames["phase_work"], total="GPU time").set_index("part"))
     with st.expander("The runs' steps (warm-up left out)"):
         st.table(runs_rows(frames["runs"]).set_index("group"))
+    return True
 
 
 st.title("Compare")
@@ -90,19 +100,24 @@ if {"a": run_a, "b": run_b} != {k: params.get(k) for k in ("a", "b")}:
 if run_a == run_b:
     st.info("Pick two different runs.")
     st.stop()
-show_verdict(run_a, run_b)
+verdict_leads = show_verdict(run_a, run_b)
 st.divider()  # the verdict per step above, the two runs' totals below
 runs = ask("compare", (run_a, run_b))
-st.success(plain(compare_headline(runs, ask("diff", run_a, run_b)), 2000))
+whole = compare_headline(runs, ask("diff", run_a, run_b))
+if verdict_leads:  # one headline: the whole runs' durations (set-up included) are a figure below it
+    st.markdown(f"**Whole runs**, start to end, set-up included: {plain(whole, 2000)}")
+else:
+    box_of(whole)(plain(whole, 2000))
 st.caption(f"A: {plain(labels.get(run_a, run_a))} · B: {plain(labels.get(run_b, run_b))}")
 st.dataframe(key_figures(runs), hide_index=True, placeholder="")
 summaries = st.multiselect("What to compare", SUMMARIES, default=list(SUMMARIES))
-changes = ask("diff", run_a, run_b, summaries=tuple(summaries))
+exact = ask("diff", run_a, run_b, summaries=tuple(summaries))
+changes = absent_blank(exact)
 main = [c for c in CHANGE_COLUMNS if c in changes.columns]
-st.caption("Δ total time, B - A: green is less time in B, red more.")
+st.caption("Δ total time, B - A: green is less time in B, red more; blank where a run has none of it.")
 table(
     changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A",
-    full_names=False,
+    full_names=False, csv=exact[main],
 )  # fmt: skip
 with st.expander("Every figure of both runs"):
     st.dataframe(styled(runs), hide_index=True, width="stretch", placeholder="")

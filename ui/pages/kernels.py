@@ -36,7 +36,7 @@ with tabs[4]:
     gpus = answer["gpus"]
     if not gpus.empty:
         gpus = gpus.assign(gpu_name=gpus["host"] + " GPU " + gpus["gpu"].astype(str))
-    st.caption(origin_caption(scope.start_ns))
+    st.caption(origin_caption(scope.start_ns, scope.relative))
     table(gpus, "gpu_time", "GPU work", "gpu_name", "busy_pct", "busy share per GPU", origin_ns=scope.start_ns)
     gaps = answer["gaps"]  # the longest first, over every GPU
     st.subheader("Idle gaps, longest first")

@@ -27,12 +27,13 @@ gpus = gpu_counts(found, devices, lambda runs: ask("compare", runs))
 table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     {
         "name": found["name"],
+        # tags next to the name they qualify: the columns after them may run past a narrow screen's edge
+        "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
         "start": run_starts(found["start"], found["relative_time"]),
         "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
         "gpus": pd.array([gpus.get(run) for run in found["run_id"]], dtype="Int64"),
         "host": found["host"],
         "source": found["source"],
-        "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
         "run": found["run_id"],
     }
 )
@@ -45,6 +46,8 @@ selected = st.multiselect(
     format_func=lambda run: labels.get(run, run),
     max_selections=2,
 )
+if selected:
+    st.caption("For the CLI (`--run`): " + ", ".join(f"`{run}`" for run in selected))
 timeline, compare, _ = st.columns([1, 1, 4])
 if timeline.button("Open timeline", disabled=len(selected) != 1, type="primary"):
     view = View(run=selected[0])
