@@ -48,7 +48,7 @@ def nsys_gpus(path: Path) -> set[int]:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         kinds = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
                  if t in tables]  # fmt: skip
-        return {row[0] for t in kinds for row in db.execute(f"SELECT DISTINCT deviceId FROM {t}")}  # noqa: S608
+        return {row[0] for t in kinds for row in db.execute(f"SELECT DISTINCT deviceId FROM {t}")}
 
 
 @pytest.fixture

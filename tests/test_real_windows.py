@@ -130,7 +130,9 @@ def by_hand(trace: dict[str, Any]) -> tuple[int, int, dict[int, int]]:
         if event.get("cat") == "user_annotation" and str(event.get("name", "")).startswith("ProfilerStep#"):
             start = ns(event["ts"])
             steps[(event["pid"], event["tid"])].append((start, start + ns(event["dur"])))
-    calls = {e["args"]["correlation"]: e for e in events if e.get("cat") in CALLS and "correlation" in e.get("args", {})}
+    calls = {
+        e["args"]["correlation"]: e for e in events if e.get("cat") in CALLS and "correlation" in e.get("args", {})
+    }
     work: dict[int, list[tuple[int, int]]] = defaultdict(list)
     launched: list[tuple[int, int]] = []
     for event in (e for e in events if e.get("cat") in WORK):
