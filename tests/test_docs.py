@@ -159,3 +159,8 @@ def test_screenshots_are_copied_from_the_browser_tests_folder(tmp_path: Path) ->
     assert [p.name for p in copied] == ["runs.png"] and (tmp_path / "docs" / "runs.png").read_bytes() == b"\x89PNG"
     with pytest.raises(FileNotFoundError, match="run the browser test first"):
         copy_screenshots(tmp_path / "empty", tmp_path / "docs")
+
+
+def test_a_marker_mentioned_in_text_is_left_alone() -> None:
+    text = "Write `<!-- generated: cli-reference -->` on a line of its own.\n"
+    assert expand(text, "development.md") == text

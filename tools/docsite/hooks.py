@@ -1,11 +1,12 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): pages whose body is made from the code at every build.
 
-A page holds a marker line, `<!-- generated: NAME -->`; the build puts what NAME makes in its
+A page holds a marker line, `<!-- generated: NAME -->` alone on its line; the build puts what NAME makes in its
 place, so the CLI reference is the parser `tracehouse` runs and the protocol's the .proto files.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,9 +36,10 @@ GENERATORS: dict[str, Callable[[str], str]] = {"cli-reference": _cli, "proto-ref
 def expand(markdown: str, page: str) -> str:
     """`markdown` with each marker line replaced by what its generator makes for `page`."""
     for name, generate in GENERATORS.items():
-        marker = f"<!-- generated: {name} -->"
-        if marker in markdown:
-            markdown = markdown.replace(marker, generate(page))
+        marker = re.compile(rf"^<!-- generated: {re.escape(name)} -->$", re.MULTILINE)  # a line of its own
+        if marker.search(markdown):
+            made = generate(page)
+            markdown = marker.sub(lambda _: made, markdown)
     return markdown
 
 
