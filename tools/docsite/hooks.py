@@ -39,7 +39,7 @@ def expand(markdown: str, page: str) -> str:
         marker = re.compile(rf"^<!-- generated: {re.escape(name)} -->$", re.MULTILINE)  # a line of its own
         if marker.search(markdown):
             made = generate(page)
-            markdown = marker.sub(lambda _: made, markdown)
+            markdown = marker.sub(lambda _, text=made: text, markdown)  # the text as it is, no \\ escapes
     return markdown
 
 
