@@ -37,9 +37,9 @@ def expand(markdown: str, page: str) -> str:
     """`markdown` with each marker line replaced by what its generator makes for `page`."""
     for name, generate in GENERATORS.items():
         marker = re.compile(rf"^<!-- generated: {re.escape(name)} -->$", re.MULTILINE)  # a line of its own
-        if marker.search(markdown):
-            made = generate(page)
-            markdown = marker.sub(lambda _, text=made: text, markdown)  # the text as it is, no \\ escapes
+        parts = marker.split(markdown)
+        if len(parts) > 1:
+            markdown = generate(page).join(parts)
     return markdown
 
 
