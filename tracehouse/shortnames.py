@@ -192,13 +192,13 @@ def unique_short_names(names: Iterable[str], width: int = DEFAULT_WIDTH) -> dict
     """Every distinct name's label: at most `width` (at least MIN_WIDTH) characters, no two alike, and the same
     for the same set of names in any order, so that a chart and its table agree. A name whose short_name no
     other name of the set shares is labelled with it, whatever else is in the set: the same kernel reads the
-    same in every table, chart, hover and sentence. Only names whose short forms clash are opened further."""
+    same in every table, chart, hover and sentence. Names whose short forms clash are opened further where
+    they differ from each other, and from nothing else: their labels depend only on those namesakes."""
     width = max(width, MIN_WIDTH)
     distinct = sorted(set(names))
     labels = {name: short_name(name, width) for name in distinct}
-    clashing = [name for group in _clashes(labels) for name in group]
-    if clashing:
-        labels.update(_told_apart(clashing, width))
+    for group in _clashes(labels):  # each group on its own: a label depends on its namesakes only
+        labels.update(_told_apart(group, width))
     taken = set(labels.values())
     for group in _clashes(labels):
         for number, name in enumerate(group[1:], start=2):
