@@ -77,7 +77,7 @@ def _add_bench(commands: Any) -> None:
     )  # fmt: skip
     load.add_argument(
         "--ack-within-ms", type=_ack_within_ms, default=None, metavar="MS",
-        help="--writers: the server's --ack-within-ms (default: none, answered once stored)",
+        help="--writers: the server's --ack-within-ms (default: the server's)",
     )  # fmt: skip
     load.add_argument(
         "--readers", type=_positive, default=None, metavar="N",
