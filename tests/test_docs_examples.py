@@ -31,7 +31,7 @@ FILES = {
     "report2.sqlite": FIXTURES / "nsys" / "nsys-2021.2-mordred-report1.sqlite",
     "trace.json.gz": FIXTURES / "kineto" / "critical_path_simple_add_benchmark_result_493459_1694039959_trace.json.gz",
 }
-EXAMPLE_TIMEOUT_S = 60
+EXAMPLE_TIMEOUT_S = 120  # a block of a few commands on a loaded machine
 WORKERS = 3  # documents at once: an example waits on its own process and the server more than on the CPU
 
 
