@@ -59,6 +59,9 @@ def server_with_demo(tmp_path: Path, migrated_store: Path) -> Iterator[str]:
 
 def run_example(example: Example, folder: Path, env: dict[str, str]) -> str | None:
     """None when the example ends as it says it does, else what went wrong."""
+    if example.file:
+        (folder / example.file).write_text(example.code, encoding="utf-8")
+        return None
     if example.language == "bash":
         command = ["bash", "-euo", "pipefail", "-c", example.code]
     else:
@@ -122,3 +125,14 @@ def test_a_marker_without_a_block_is_refused(tmp_path: Path) -> None:
     page.write_text("<!-- example -->\nplain text\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"page.md:1: an example marker must precede"):
         examples(page)
+
+
+def test_a_file_example_is_written_for_the_next(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- example: file m.yaml -->\n```yaml\na: 1\n```\n<!-- example -->\n```bash\ngrep -q 'a: 1' m.yaml\n```\n",
+        encoding="utf-8",
+    )
+    written, command = examples(page)
+    assert written.file == "m.yaml" and command.file is None
+    assert [run_example(e, tmp_path, dict(os.environ)) for e in (written, command)] == [None, None]

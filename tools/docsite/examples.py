@@ -3,6 +3,8 @@
 A block is an example when the line before its fence is `<!-- example -->` (it must exit 0) or
 `<!-- example: exit N -->` (it must exit N). `bash` blocks run in bash with `set -euo pipefail`,
 `python` blocks in the project's Python; tests/test_docs_examples.py runs them against a real server.
+`<!-- example: file NAME -->` before a block of any language writes it to NAME, for the examples
+after it on the page (a matrix file, say) to use.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = re.compile(r"^<!-- example(?::\s*exit\s+(\d+))?\s*-->$")
+MARKER = re.compile(r"^<!-- example(?::\s*(?:exit\s+(\d+)|file\s+([\w.-]+)))?\s*-->$")
 FENCE = re.compile(r"^(```+)\s*([\w+-]*)")
 LANGUAGES = ("bash", "python")
 
@@ -23,6 +25,7 @@ class Example:
     language: str
     code: str
     exit: int
+    file: str | None = None  # a file to write, not a command to run
 
     def where(self) -> str:
         return f"{self.path}:{self.line}"
@@ -37,7 +40,8 @@ def examples(path: Path) -> list[Example]:
         if not marker:
             continue
         fence = FENCE.match(lines[number + 1]) if number + 1 < len(lines) else None
-        if not fence or fence.group(2) not in LANGUAGES:
+        file = marker.group(2)
+        if not fence or (file is None and fence.group(2) not in LANGUAGES):
             raise ValueError(f"{path}:{number + 1}: an example marker must precede a ```bash or ```python block")
         body = []
         for inner in lines[number + 2 :]:
@@ -46,5 +50,6 @@ def examples(path: Path) -> list[Example]:
             body.append(inner)
         else:
             raise ValueError(f"{path}:{number + 2}: the example's block is never closed")
-        found.append(Example(path, number + 2, fence.group(2), "\n".join(body) + "\n", int(marker.group(1) or 0)))
+        code = "\n".join(body) + "\n"
+        found.append(Example(path, number + 2, fence.group(2), code, int(marker.group(1) or 0), file))
     return found
