@@ -164,3 +164,12 @@ def test_screenshots_are_copied_from_the_browser_tests_folder(tmp_path: Path) ->
 def test_a_marker_mentioned_in_text_is_left_alone() -> None:
     text = "Write `<!-- generated: cli-reference -->` on a line of its own.\n"
     assert expand(text, "development.md") == text
+
+
+def test_help_text_reads_in_the_cli_reference_as_typed() -> None:
+    parser = argparse.ArgumentParser(prog="tracehouse")
+    commands = parser.add_subparsers(dest="command")
+    sub = commands.add_parser("agent", help="sample GPUs")
+    sub.add_argument("--watch", help="exports (*.sqlite) of NCCL_* runs, a <b> | c")
+    row = next(line for line in cli_reference(parser).splitlines() if line.startswith("| `--watch`"))
+    assert r"exports (\*.sqlite) of NCCL\_\* runs, a &lt;b> \| c" in row

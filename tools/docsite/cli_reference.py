@@ -30,6 +30,13 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _prose(text: str) -> str:
+    """Help text as a table cell that Markdown shows as typed: `*.sqlite` and `NCCL_*` no emphasis."""
+    for special in ("\\", "*", "_", "`"):
+        text = text.replace(special, "\\" + special)
+    return _cell(text.replace("<", "&lt;"))
+
+
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if not action.help or action.help == argparse.SUPPRESS:
         return ""
@@ -66,7 +73,7 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, argparse._SubParsersAction | argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
         rows.append(
-            f"| {_names(action)} | {_cell(_help(parser, action))} | {_choices(action)} | {_cell(_default(action))} |"
+            f"| {_names(action)} | {_prose(_help(parser, action))} | {_choices(action)} | {_cell(_default(action))} |"
         )
     if not rows:
         return []
@@ -100,7 +107,7 @@ def cli_reference(parser: argparse.ArgumentParser, here: str = "reference/cli.md
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
     lines = ["| command | what it does |", "|---|---|"]
-    lines += [f"| [`{name}`](#tracehouse-{name}) | {_cell(text)} |" for name, text in helps.items()]
+    lines += [f"| [`{name}`](#tracehouse-{name}) | {_prose(text)} |" for name, text in helps.items()]
     lines.append("")
     lines += _section("", parser, here, 2)
     for command, sub in subcommands(parser):
