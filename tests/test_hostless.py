@@ -109,3 +109,17 @@ def test_a_runs_gpus_are_those_its_work_touched(
     code, out, _ = run(capsys, "query", "devices", "--server", address, "--format", "json")
     described_clover = [row for row in json.loads(out) if row["host"] == "nid008553"]
     assert len(described_clover) == 4, "the devices the export describes stay listed"
+
+
+def test_a_trace_imported_before_counts_no_gpus_and_its_work_picks_them() -> None:
+    """Pure: query/rungpus.py as compare and the Runs page use it."""
+    from query.rungpus import candidates, recorded_count, run_gpus
+
+    described = tuple(range(8))
+    assert recorded_count("kineto", {"gpus": "8"}, described) is None, "an old import counted deviceProperties"
+    assert recorded_count("kineto", {"gpus": "1", "gpus_described": "8"}, described) == 1
+    assert recorded_count("nsys", {"gpus": "0", "gpus_described": "1"}, (0,)) == 0
+    assert recorded_count("agent", {"gpus": "2"}, ()) == 2
+    for count in (None, 1):
+        assert run_gpus(count, candidates("kineto", {}, described, (0,))) == (0,)
+    assert run_gpus(None, candidates("user", {"gpus": "1,2"}, (), (0,))) == (1, 2)
