@@ -7,9 +7,11 @@ import contextlib
 import os
 import posixpath
 from collections.abc import Iterator
+from pathlib import Path
 
 from tracehouse.cli.docpages import page_for, subcommands
 
+REPO = Path(__file__).resolve().parents[2]
 USAGE_COLUMNS = "100"  # usage lines wrap as on a terminal this wide, whatever the build's terminal
 
 
@@ -80,6 +82,16 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
     return ["| option | what | choices | default |", "|---|---|---|---|", *rows, ""]
 
 
+def _title(page: str) -> str:
+    """The page's own title (its first `# ` line), else its path."""
+    path = REPO / page
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+    return page.removeprefix("docs/")
+
+
 def _link(page: str, here: str) -> str:
     """`page` (docs/how-to/x.md, as --help names it) relative to `here` (reference/cli.md, in docs/)."""
     target = page.removeprefix("docs/")
@@ -96,7 +108,7 @@ def _section(command: str, parser: argparse.ArgumentParser, here: str, level: in
     lines += ["```text", usage, "```", ""]
     lines += _options_table(parser)
     page = page_for(command)
-    lines += [f"Explained in [{page.removeprefix('docs/')}]({_link(page, here)}).", ""]
+    lines += [f"Explained in [{_title(page)}]({_link(page, here)}).", ""]
     return lines
 
 
