@@ -44,7 +44,8 @@ window.__painted = [];
 const fillText = CanvasRenderingContext2D.prototype.fillText;
 CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
   const m = this.getTransform(), ratio = window.devicePixelRatio || 1;
-  window.__painted.push({text: String(text), x: (m.a * x + m.e) / ratio, y: (m.d * y + m.f) / ratio});
+  window.__painted.push({text: String(text), x: (m.a * x + m.e) / ratio, y: (m.d * y + m.f) / ratio,
+                         w: this.measureText(String(text)).width * m.a / ratio});
   return fillText.call(this, text, x, y, ...rest);
 };
 """
@@ -124,7 +125,7 @@ def page(browser: Any) -> Iterator[Any]:
 # -- what a page shows ----------------------------------------------------------------------------
 
 
-def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0) -> None:
+def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0, folder: str = "browser") -> None:
     """Load a page and wait for its tables and charts; fail on an exception or an error box."""
     page.goto(url)
     page.wait_for_selector("h1", timeout=60_000)
@@ -137,13 +138,14 @@ def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0) -> N
     assert page.locator("[data-testid='stException']").count() == 0, name
     assert page.locator("[data-testid='stAlertContentError']").count() == 0, name
     assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH, f"{name}: the page scrolls sideways"
-    screenshot(page, name)
+    screenshot(page, name, folder)
 
 
-def screenshot(page: Any, name: str) -> None:
+def screenshot(page: Any, name: str, under: str = "browser") -> None:
     """The whole page, for a person to look at: Streamlit scrolls inside its main pane, so the
-    viewport is made as tall as that pane's content for the picture, then put back."""
-    folder = ARTIFACTS / "browser"
+    viewport is made as tall as that pane's content for the picture, then put back. The docs show
+    those under browser/ (tools/docsite/screenshots.py)."""
+    folder = ARTIFACTS / under
     folder.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
     tall = page.evaluate(

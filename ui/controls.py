@@ -27,10 +27,11 @@ class Scope:
     view: View
     start_ns: int
     end_ns: int
-    relative: bool = False  # the run has no wall clock: instants read as offsets from its start
+    relative: bool = False  # the run has no wall clock: instants read as offsets from its start,
+    origin_ns: int = 0  # this instant
 
     def when(self, ns: int) -> str:
-        return moment(ns, self.relative)
+        return moment(ns, self.relative, self.origin_ns)
 
     def window(self) -> dict[str, Any]:
         """Window keywords for the Query client."""
@@ -129,7 +130,9 @@ def window_sidebar() -> Scope:
     except ViewError as error:
         st.error(f"The window in the URL does not parse: {plain(str(error))}")
         st.stop()
-    return Scope(view, start_ns, end_ns, is_relative(runs, view.run) if view.run else False)
+    bounds = run_bounds(runs, view.run) if view.run else None
+    relative = bool(bounds and is_relative(runs, view.run))
+    return Scope(view, start_ns, end_ns, relative, bounds.start_ns if bounds and relative else 0)
 
 
 def zoom_buttons(scope: Scope, key: str) -> None:

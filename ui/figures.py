@@ -23,7 +23,7 @@ from tracehouse import units
 from tracehouse.model import LANE_COLUMNS, lane_of
 from tracehouse.readable import column_kind, formatter, header
 from tracehouse.shortnames import unique_short_names
-from ui.when import clock_free
+from tracehouse.timefmt import format_instant
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 KIND_COLORS = {"kernel": "#4e79a7", "memcpy": "#f28e2b", "memset": "#edc948", "cuda_api": "#9c9c9c",
@@ -56,7 +56,8 @@ class Window:
 
     start_ns: int
     end_ns: int
-    relative: bool = False  # a run without a wall clock: its times are offsets from its own start
+    relative: bool = False  # a run without a wall clock: its times are offsets from its start,
+    origin_ns: int = 0  # this instant
 
     @property
     def scale(self) -> tuple[float, str]:
@@ -76,16 +77,16 @@ class Window:
 
     @property
     def axis_title(self) -> str:
-        if self.relative:  # a trace without a wall clock: from its own start
-            start = f" {clock_free(self.start_ns)}" if self.start_ns else ""
-            return f"time from the trace's start{start} ({self.scale[1]})"
+        if self.relative:  # a trace without a wall clock: from the run's start
+            start = f" {moment(self.start_ns, True, self.origin_ns)}" if self.start_ns != self.origin_ns else ""
+            return f"time from the run's start{start} ({self.scale[1]})"
         return f"time from {units.instant(self.start_ns)} ({self.scale[1]})"
 
 
-def moment(ns: int, relative: bool) -> str:
-    """An instant as people read it: a date, or for a run without a wall clock, its offset from the
-    trace's own start (`+3.362 s`), never a date in 1970."""
-    return clock_free(ns) if relative else units.instant(ns)
+def moment(ns: int, relative: bool, origin_ns: int = 0) -> str:
+    """An instant as people read it (the CLI's rule, timefmt.format_instant): a date, or for a run
+    without a wall clock its offset from the run's start `origin_ns` (`+3.362 s`), never 1970."""
+    return format_instant(ns, not relative, origin_ns)
 
 
 def color_of(name: str, palette: Sequence[str] = PALETTE) -> str:

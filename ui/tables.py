@@ -113,9 +113,11 @@ def table(
     )
 
 
-def origin_caption(origin_ns: int, relative: bool = False) -> str:
-    """The one absolute time that a window's offsets count from (for a run without a wall clock, its
-    offset from the run's own start)."""
+def origin_caption(origin_ns: int, relative: bool = False, run_start_ns: int = 0) -> str:
+    """The one instant that a window's offsets count from (for a run without a wall clock, as an offset
+    from the run's start)."""
     if relative:
-        return f"Times are from the window's start, {figures.moment(origin_ns, True)} from the trace's own start."
+        return (
+            f"Times are from the window's start, {figures.moment(origin_ns, True, run_start_ns)} from the run's start."
+        )
     return f"Times are from the window's start, {units.instant(origin_ns)}."

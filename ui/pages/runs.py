@@ -13,6 +13,8 @@ from ui.data import ask, stop_if_empty
 from ui.tables import styled
 from ui.view import View
 
+TAG_CHAR_PX = 8  # a character of the grid's font, at most
+
 st.title("Runs")
 stop_if_empty()
 search, host, source = st.columns([3, 2, 2])
@@ -38,7 +40,12 @@ table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     }
 )
 st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
-st.dataframe(styled(table), hide_index=True, width="stretch", placeholder="")
+longest = int(table["tags"].str.len().max() or 0)  # the grid sizes a column by a sample of its cells: tags are cut
+tags_width = min(max(TAG_CHAR_PX * longest + 24, 60), 400)
+st.dataframe(
+    styled(table), hide_index=True, width="stretch", placeholder="",
+    column_config={"tags": st.column_config.TextColumn(width=tags_width)},
+)  # fmt: skip
 labels = run_label(found)
 selected = st.multiselect(
     "Select one run for its timeline, or two to compare",

@@ -69,7 +69,7 @@ if events_in_window and events is None:
         "drawn one by one once they are few enough."
     )
 drawn = series if series is not None else pd.DataFrame(columns=["host", "gpu", "metric", "bucket_start"])
-span = figures.Window(scope.start_ns, scope.end_ns, scope.relative)
+span = figures.Window(scope.start_ns, scope.end_ns, scope.relative, scope.origin_ns)
 figure = figures.timeline(
     span,
     drawn,
