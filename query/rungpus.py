@@ -7,8 +7,9 @@ registered under the run. Which ones (`gpu_indices`) is the first of `candidates
 for a trace, the GPUs its own GPU work ran on, then the devices it describes; for another run, the
 listed indices, the devices registered under it, the GPUs its own GPU work ran on; then the GPUs its
 telemetry shows (those its processes have samples on, else its host's GPUs with samples during it).
-A run that recorded nothing gets the first of those lists that is not empty; a trace imported before
-its count was of the GPUs it touched (no `gpus_described` attr) is taken as one that recorded nothing.
+A run that recorded nothing gets the first of those lists that is not empty. (A trace imported before
+`gpus` counted the GPUs it touched, with no `gpus_described` attr, counted every GPU it describes:
+importing it again counts anew.)
 (The devices table keeps one row per host, GPU and UUID, naming the run that described it last: an
 earlier run's registration can be lost, its count not. A trace that names no host is filed under a
 host of its own, its run id: agent/traces/importer.filed_under.)
@@ -70,12 +71,9 @@ def recorded_count(source: str, attrs: Mapping[str, str], registered: Sequence[i
     if listed:
         return len(listed)
     stored = attrs.get("gpus", "").strip()
-    if source in TRACED and DESCRIBED not in attrs:
-        # imported before `gpus` counted the GPUs its work touched: it counted every GPU the trace describes
-        return None
     if source != "user" and _small_number(stored) and 0 < int(stored) <= MAX_INDEX + 1:
         return int(stored)
-    if source in TRACED and stored == "0":  # a trace whose work touched no GPU
+    if source in TRACED and stored == "0" and DESCRIBED in attrs:  # a trace whose work touched no GPU
         return 0
     return len(set(registered)) or None
 

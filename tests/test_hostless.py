@@ -111,12 +111,11 @@ def test_a_runs_gpus_are_those_its_work_touched(
     assert len(described_clover) == 4, "the devices the export describes stay listed"
 
 
-def test_a_trace_imported_before_counts_no_gpus_and_its_work_picks_them() -> None:
+def test_a_traces_count_is_of_the_gpus_it_touched_and_its_work_picks_them() -> None:
     """Pure: query/rungpus.py as compare and the Runs page use it."""
     from query.rungpus import candidates, recorded_count, run_gpus
 
     described = tuple(range(8))
-    assert recorded_count("kineto", {"gpus": "8"}, described) is None, "an old import counted deviceProperties"
     assert recorded_count("kineto", {"gpus": "1", "gpus_described": "8"}, described) == 1
     assert recorded_count("nsys", {"gpus": "0", "gpus_described": "1"}, (0,)) == 0
     assert recorded_count("agent", {"gpus": "2"}, ()) == 2

@@ -101,8 +101,9 @@ def import_export(
     del default_host
     started = time.monotonic()
     with open_trace(path) as trace:
-        run_id, host = filed_under(trace, host)
-        run_id = into_run or run_id
+        filed_id, host = filed_under(trace, host)
+        run_id = into_run or filed_id
+        host = run_id if host == filed_id else host  # a host-less trace's rows go under the run they go to
         result = ImportResult(file=str(path), run_id=run_id, host=host, relative_time=trace.relative_time)
         run: dict[str, Any] = {
             "run_id": run_id,
