@@ -160,7 +160,7 @@ def _add_serve(commands: Any) -> None:
             default=None,
             metavar="FILE",
             help="YAML rules that ask running training runs for a capture when their GPUs' telemetry says so "
-            "(README: Capture on a rule)",
+            "(docs/how-to/capture.md, Capture on a rule)",
         )
     for parser in (serve, up):
         _add_server_security(parser)
