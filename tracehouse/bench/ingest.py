@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ingest.commitpolicy import CommitPolicy
 from ingest.validate import ValidatedBatch, validate_batch
 from store.store import Store
 from tracehouse.batch import BatchBuilder, encode_request
@@ -57,20 +58,22 @@ def telemetry_batches(run_id: str, rows: int, batch_rows: int, t0: int) -> list[
 
 
 def bench_ingest(
-    rows: int, batch_rows: int, rounds: int, store_url: str | None, concurrency: int = 2
+    rows: int, batch_rows: int, rounds: int, store_url: str | None, concurrency: int = 2, ack_once_stored: bool = False
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
         store = Store.open(store_url or f"chdb://{folder}/store", DEFAULT_LIMITS)
         # throughput, not admission: two writers never hold more than the store takes, and on a busy
         # machine the default target (0.7 s) turned the second away
-        server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS, ack_target_ms=60_000)
+        commit = CommitPolicy(answer_within_s=None) if ack_once_stored else CommitPolicy()
+        server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS, ack_target_ms=60_000, commit=commit)
         channel = grpc.insecure_channel(
             f"127.0.0.1:{server.port}", options=[("grpc.max_send_message_length", 256 << 20)]
         )
         write = encoded_write(channel)  # the requests are encoded before the clock starts
         direct = store.location.client()
         try:
-            return _run(rows, batch_rows, rounds, concurrency, store, write, direct)
+            result = _run(rows, batch_rows, rounds, concurrency, store, write, direct)
+            return {**result, "ack_once_stored": ack_once_stored}
         finally:
             direct.close()
             channel.close()
