@@ -28,6 +28,7 @@ from tracehouse.cli.demo import load_demo
 from tracehouse.cli.serve import create_server
 from tracehouse.cli.up import start_ui, stop_process
 from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.shortnames import unique_short_names
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TRACEHOUSE_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "test-artifacts")
@@ -66,6 +67,7 @@ class Explorer:
     baseline: str  # the demo's runs
     tuned: str
     cloverleaf: str  # "" without the fixtures
+    address: str = ""  # the server's
 
 
 def free_port() -> int:
@@ -94,7 +96,7 @@ def explorer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Explorer]:
         port = free_port()
         process = start_ui(address, port)
         try:
-            yield Explorer(f"http://127.0.0.1:{port}", runs["demo baseline"], runs["demo tuned"], cloverleaf)
+            yield Explorer(f"http://127.0.0.1:{port}", runs["demo baseline"], runs["demo tuned"], cloverleaf, address)
         finally:
             stop_process(process)
     finally:
@@ -158,6 +160,16 @@ def screenshot(page: Any, name: str, under: str = "browser") -> None:
     page.wait_for_timeout(300)
 
 
+def sideways(page: Any) -> list[int]:
+    """How far each visible grid scrolls sideways, in px (0: every column in view)."""
+    return list(
+        page.evaluate(
+            "[...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
+            ".filter(e => e.offsetParent !== null).map(e => e.scrollWidth - e.clientWidth)"
+        )
+    )
+
+
 def painted(page: Any) -> list[str]:
     """Every text the tables painted so far."""
     return [str(item["text"]) for item in page.evaluate("window.__painted")]
@@ -209,6 +221,7 @@ def assert_readable(texts: list[str], where: str) -> None:
 def test_the_demo_reads_in_human_units_on_every_page(explorer: Explorer, page: Any) -> None:
     visit(page, explorer.url, "runs", tables=1)
     assert_readable(painted(page), "runs table")
+    assert max(sideways(page)) <= 1, "every column of the runs in view at 1280 px, none cut at the edge"
 
     visit(page, f"{explorer.url}/kernels?run={explorer.baseline}", "kernels", tables=1, charts=1)
     cells = painted(page)
@@ -241,10 +254,7 @@ def test_the_demo_reads_in_human_units_on_every_page(explorer: Explorer, page: A
     box = headline.bounding_box()
     assert box is not None and box["y"] + box["height"] <= HEIGHT, "the answer is in the first screen"
     assert_readable(painted(page), "compare tables")
-    overflow = page.evaluate(
-        "[...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
-        ".filter(e => e.offsetParent !== null).map(e => e.scrollWidth - e.clientWidth)"
-    )
+    overflow = sideways(page)
     assert overflow and max(overflow) <= 1, f"Compare's tables fit 1280 px without scrolling sideways: {overflow}"
 
     visit(page, f"{explorer.url}/sql", "sql", tables=1, charts=1)
@@ -289,6 +299,21 @@ def test_cloverleaf_kernels_chart_agrees_with_its_table(explorer: Explorer, page
     label = hover(page, ".js-plotly-plot .heatmaplayer image")
     assert "busy" in label and "%" in label, label
     assert_readable([label], "cloverleaf timeline hover")
+
+    # zoomed in around its longest kernel, slices are drawn one by one, the wide ones labelled
+    with Client(explorer.address, timeout=30) as client:
+        longest = client.sql(
+            "SELECT name, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns "
+            f"FROM events WHERE run_id = '{explorer.cloverleaf}' AND kind = 'kernel' "
+            "ORDER BY end_ns - start_ns DESC LIMIT 1"
+        ).iloc[0]
+        names = client.summary("kernels", run=explorer.cloverleaf)["name"].astype(str)
+    width = int(longest["end_ns"] - longest["start_ns"])
+    start, end = int(longest["start_ns"]) - width // 2, int(longest["end_ns"]) + width // 2
+    visit(page, f"{explorer.url}/timeline?run={explorer.cloverleaf}&metrics=none&from={start}&to={end}",
+          "cloverleaf-timeline-zoomed", charts=1)  # fmt: skip
+    drawn = svg_texts(page, ".js-plotly-plot .barlayer text")
+    assert unique_short_names(names)[str(longest["name"])] in drawn, f"the kernel's slice is labelled: {drawn}"
 
 
 def sort_by(page: Any, header: str) -> list[int]:

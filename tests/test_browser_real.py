@@ -205,6 +205,9 @@ def test_a_run_without_a_wall_clock_reads_as_offsets_on_every_page(
     said = text_of(page)
     assert not DATE_1970.search(said) and not any(DATE_1970.search(t) for t in painted(page))
     assert said.count("no wall clock") >= 2, "both runs named without a date"
+    open_expander(page, "Every figure of both runs")
+    cells = painted(page)
+    assert "no wall clock" in cells and not any(DATE_1970.search(cell) for cell in cells), "every figure too"
 
 
 # -- item 2: traces without a host --------------------------------------------------------------

@@ -304,6 +304,8 @@ def test_timeline_asks_a_running_process_for_a_capture_and_shows_what_came_of_it
     try:
         wait_for(lambda: steps_stored(client, loop.run_id))
         app = open_app(address, monkeypatch, "timeline", run=loop.run_id)
+        hint = f"capture --run {loop.run_id} --server {address}`"
+        assert hint in texts(app.caption), "the command pastes as it is: the server named"
         [ask_button] = [b for b in app.button if b.label == "Capture the next 10 steps"]
         ask_button.click().run()
         assert not app.exception and "Asked (`cap-" in texts(app.success), texts(app.error)
@@ -319,3 +321,13 @@ def test_timeline_asks_a_running_process_for_a_capture_and_shows_what_came_of_it
     st.cache_data.clear()
     app.run()
     assert "has ended" in texts(app.caption) and not [b for b in app.button if b.label.startswith("Capture")]
+    assert "capture --run" not in texts(app.caption), "no command for a run that cannot be captured"
+
+
+def test_a_run_that_cannot_be_captured_gets_no_capture_command(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: the panel said the run cannot be captured, then offered `capture --run` (which failed)."""
+    app = open_app(address, monkeypatch, "timeline", run="r1")
+    said = texts(app.caption)
+    assert "Only a running process" in said and "capture --run" not in said, said

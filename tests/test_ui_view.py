@@ -203,3 +203,18 @@ def test_the_sql_chart_names_its_axis_in_words() -> None:
     frame = pd.DataFrame({"name": ["a", "b"], "total_ns": [2 * S, 3 * S]})
     figure = figures.xy(frame, "name", "total_ns")
     assert figure.layout.yaxis.title.text == "total (s)" and figure.layout.xaxis.title.text == "name"
+
+
+def test_a_slice_reads_as_the_runs_kernels_table_names_it() -> None:
+    """Two kernels of a run that share a short form are told apart in its Kernels table: a slice of one
+    of them, zoomed in alone, is labelled as the table labels it, not by the names in view."""
+    one, other = "void k(int, float*)", "void k(double, float*)"
+    events = pd.DataFrame(
+        {"kind": "kernel", "name": [one], "host": "h", "start": [NOW], "end": [NOW + S], "gpu": 0, "stream": 7,
+         "pid": 0, "tid": 0, "depth": 0, "correlation_id": 0}
+    )  # fmt: skip
+    window, none = figures.Window(NOW, NOW + 2 * S), pd.DataFrame(columns=["metric"])
+    [alone] = figures.timeline(window, none, [], events=events).data
+    [known] = figures.timeline(window, none, [], events=events, known_names=[one, other]).data
+    table = unique_short_names([one, other])[one]
+    assert html.unescape(known.text[0]) == table != html.unescape(alone.text[0]), (table, alone.text[0])

@@ -151,9 +151,12 @@ def timeline(
     metrics: Sequence[str],
     lanes: pd.DataFrame | None = None,
     events: pd.DataFrame | None = None,
+    known_names: Sequence[str] = (),
 ) -> go.Figure:
     """Stacked panels on one time axis: a row per metric (a line per host and GPU), then the
-    lanes, drawn event by event from `events`, or as busy cells from quantized `lanes`."""
+    lanes, drawn event by event from `events`, or as busy cells from quantized `lanes`. Slices are
+    labelled with their short name among `known_names` too (the run's kernels: the labels its
+    Kernels table shows)."""
     lane_rows = events if events is not None else lanes
     has_lanes = lane_rows is not None and not lane_rows.empty
     rows = len(metrics) + (1 if has_lanes else 0)
@@ -186,7 +189,7 @@ def timeline(
         figure.update_yaxes(title_text=html.escape(title), title_font={"size": 11}, row=row, col=1)
     if has_lanes:
         if events is not None:
-            _add_events(figure, window, events, labels, rows)
+            _add_events(figure, window, events, labels, rows, known_names)
         else:
             assert lanes is not None
             _add_busy_cells(figure, window, lanes, labels, order, rows)
@@ -241,10 +244,13 @@ def _add_series(
     )
 
 
-def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels: pd.Series, row: int) -> None:
+def _add_events(
+    figure: go.Figure, window: Window, events: pd.DataFrame, labels: pd.Series, row: int, known: Sequence[str]
+) -> None:
     starts = events["start"].astype("int64")
     ends = events["end"].astype("int64")
     pixel = window.width / 1500
+    short = unique_short_names({*known, *events["name"].astype(str)}, BAR_LABEL_WIDTH)
     for kind, part in events.groupby("kind", sort=True):
         index = part.index
         begin = window.offsets(starts[index])
@@ -271,7 +277,7 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
                 name=str(kind),
                 marker=_marker(str(kind), part["name"]),
                 width=0.8,
-                text=slice_labels(part["name"].astype(str), length, window.width),
+                text=slice_labels(part["name"].astype(str), length, window.width, short),
                 textposition="inside",
                 insidetextanchor="start",
                 constraintext="inside",
@@ -284,12 +290,11 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
         )
 
 
-def slice_labels(names: pd.Series, lengths: np.ndarray, width: float) -> list[str]:
+def slice_labels(names: pd.Series, lengths: np.ndarray, width: float, short: Mapping[str, str]) -> list[str]:
     """Each slice's short name (the one every table and chart shows), cut at its end with … to the
     characters the slice can hold; "" for a slice too narrow for a few (Perfetto and Nsight Systems
     label slices so). Plotly hides whatever still does not fit."""
     room = np.asarray(lengths, dtype=float) / max(width, 1e-12) * TIMELINE_PX / LABEL_CHAR_PX
-    short = unique_short_names(names.unique(), BAR_LABEL_WIDTH)
     return [
         html.escape(cut(short[name], int(chars))) if chars >= MIN_LABEL_CHARS else ""
         for name, chars in zip(names, room, strict=True)

@@ -13,10 +13,11 @@ import streamlit as st
 from query.headline import compare_headline, key_figures
 from query.verdict_text import headline, measures_rows, parts_rows, runs_rows
 from tracehouse.shortnames import unique_short_names
+from tracehouse.wallclock import starts_without_wall_clock
 from ui import figures
 from ui.changes import absent_blank, speed_word
 from ui.controls import run_label
-from ui.data import ask, attempt, plain, stop_if_empty
+from ui.data import ask, attempt, command, plain, stop_if_empty
 from ui.tables import styled, table
 
 SUMMARIES = ("kernels", "api", "memops")
@@ -70,16 +71,16 @@ def show_verdict(run_a: str, run_b: str) -> bool:
 
 st.title("Compare")
 stop_if_empty()
-runs = ask("runs")
-labels = run_label(runs)
+runs_listed = ask("runs")
+labels = run_label(runs_listed)
 params = st.query_params.to_dict()
 choices = list(labels)
 if len(choices) < 2:
-    st.info("Comparing needs two runs in the store; import another (`tracehouse import report.sqlite`).")
+    st.info(f"Comparing needs two runs in the store; import another (`{command()} import report.sqlite`).")
     st.stop()
 left, right = st.columns(2)
 # by default the two newest runs of one source (the list is newest first)
-pairs = runs.groupby("source", sort=False)["run_id"].apply(list)
+pairs = runs_listed.groupby("source", sort=False)["run_id"].apply(list)
 newest_pair = next((ids[:2] for ids in pairs if len(ids) >= 2), choices[:2])
 
 
@@ -119,8 +120,9 @@ table(
     changes[main], "diff", "kernels, API calls or memory operations", "name", "delta_ns", "Δ total time, B - A",
     full_names=False, csv=exact[main],
 )  # fmt: skip
-with st.expander("Every figure of both runs"):
-    st.dataframe(styled(runs), hide_index=True, width="stretch", placeholder="")
+with st.expander("Every figure of both runs"):  # a start without a wall clock says so, never 1970
+    clockless = dict(zip(runs_listed["run_id"].astype(str), runs_listed["relative_time"].astype(bool), strict=True))
+    st.dataframe(styled(starts_without_wall_clock(runs, clockless)), hide_index=True, width="stretch", placeholder="")
 if not changes.empty:
     with st.expander("Every column of the changes (instances, averages)"):
         st.dataframe(styled(changes), hide_index=True, width="stretch", placeholder="")

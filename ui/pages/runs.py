@@ -26,7 +26,7 @@ chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambd
 found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
 devices = ask("devices")
 gpus = gpu_counts(found, devices, lambda runs: ask("compare", runs))
-table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
+table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI (hidden: said when picked)
     {
         "name": found["name"],
         # tags next to the name they qualify: the columns after them may run past a narrow screen's edge
@@ -40,11 +40,12 @@ table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
     }
 )
 st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
-longest = int(table["tags"].str.len().max() or 0)  # the grid sizes a column by a sample of its cells: tags are cut
+longest = max((len(tags) for tags in table["tags"]), default=0)  # the grid sized it by a sample of cells: cut
 tags_width = min(max(TAG_CHAR_PX * longest + 24, 60), 400)
 st.dataframe(
     styled(table), hide_index=True, width="stretch", placeholder="",
-    column_config={"tags": st.column_config.TextColumn(width=tags_width)},
+    # the id is for the CLI: said under the picker once a run is picked, so the columns people read fit
+    column_config={"tags": st.column_config.TextColumn(width=tags_width), "run": None},
 )  # fmt: skip
 labels = run_label(found)
 selected = st.multiselect(

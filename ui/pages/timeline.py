@@ -76,6 +76,9 @@ figure = figures.timeline(
     [m for m in metrics if m in set(drawn["metric"])],
     lanes=None if events is not None else lanes,
     events=events,
+    known_names=ask("summary", "kernels", run=view.run)["name"].astype(str).tolist()
+    if events is not None and view.run
+    else (),
 )
 chosen = st.plotly_chart(
     figure, on_select="rerun", selection_mode="box", key=f"timeline-{stamp(view)}", config={"displaylogo": False}
