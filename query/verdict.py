@@ -58,6 +58,8 @@ DEFAULT_MIN_EFFECT = 0.02
 MAX_PATTERN_BYTES = 256
 MAX_STEPS = 100_000  # per run: the first ones
 RESOLUTION_NS = 1  # the store's clock: durations differing by less are the same
+MIN_REPEATS = 3  # instances of an NVTX range that make it worth offering as steps
+MAX_REPEATED_NAME = 200  # characters of a range name offered as steps
 MAX_GROUP_RUNS = 100
 MAX_WORK_ROWS = 5_000_000  # GPU work and API calls of every run together; past it, no parts
 BATCH_KEYS = ("batch_size", "batch")  # tags or attrs that declare items per step
@@ -113,6 +115,7 @@ class RunEvidence:
     dropped: int
     batch: float | None
     has_steps: bool = True  # whether the run has steps of its own (windows may be used all the same)
+    repeated: str | None = None  # its NVTX range of most instances, where it has no steps
     busy: np.ndarray | None = None
     parts: dict[str, np.ndarray] | None = None
     phases: dict[str, np.ndarray] | None = None
@@ -134,6 +137,16 @@ def _phases_sql() -> str:
 SELECT run_id, pid, tid, name, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
 WHERE run_id IN {{run_ids:Array(String)}} AND kind IN ('phase', 'nvtx') AND end > start
 ORDER BY run_id, s LIMIT {MAX_STEPS * 16} BY run_id"""
+
+
+def _repeated_sql() -> str:
+    """Per run, its NVTX range name of most instances (at least MIN_REPEATS; short enough to paste):
+    what --steps could name where the run has no steps."""
+    return f"""
+SELECT run_id, name, count() AS n FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND kind = 'nvtx' AND end > start AND length(name) <= {MAX_REPEATED_NAME}
+GROUP BY run_id, name HAVING n >= {MIN_REPEATS}
+ORDER BY run_id, n DESC, name LIMIT 1 BY run_id"""
 
 
 def _top_kernels_sql() -> str:
@@ -247,8 +260,12 @@ def gather(
     own_steps = [_pick_steps(found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows
                              else found, options) for _, run in runs]  # fmt: skip
     stepless = [_label(run) for (_, run), steps in zip(runs, own_steps, strict=True) if steps is None]
+    repeated: dict[str, str] = {}
     if stepless:
         notes.append(_windows_note(stepless, len(runs), options))
+        found_ranges = fetch(_repeated_sql(), {"run_ids": run_ids})
+        repeated = dict(zip(found_ranges.column("run_id").to_pylist(), found_ranges.column("name").to_pylist(),
+                            strict=True))  # fmt: skip
     evidence = []
     bounds = np.searchsorted(work["run"], np.arange(1, len(runs) + 2))  # work is in run order: a slice each
     for index, (group, run) in enumerate(runs):
@@ -257,7 +274,8 @@ def gather(
         steps = picked if picked is not None and not stepless else _windows(run, options)
         dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
         steps = steps.after(dropped)
-        item = RunEvidence(run, group, steps, dropped, _batch(run), has_steps=picked is not None)
+        item = RunEvidence(run, group, steps, dropped, _batch(run), has_steps=picked is not None,
+                           repeated=repeated.get(run["run_id"]) if picked is None else None)  # fmt: skip
         _figures(item, own_work, names)
         _phases(item, ranges, own_work)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
@@ -370,6 +388,7 @@ RUNS_SCHEMA = pa.schema([
     ("group", pa.string()), ("run_id", pa.string()), ("name", pa.string()), ("steps_from", pa.string()),
     ("warmup_dropped", pa.int64()), ("steps", pa.int64()), ("mean_step_ns", pa.float64()),
     ("batch", pa.float64()), ("span_ns", pa.int64()), ("has_steps", pa.bool_()), ("gpu_work", pa.bool_()),
+    ("repeated_range", pa.string()),
 ])  # fmt: skip
 
 
@@ -443,6 +462,6 @@ def runs_table(evidence: Sequence[RunEvidence]) -> pa.Table:
          "warmup_dropped": item.dropped, "steps": len(item.steps.starts),
          "mean_step_ns": float(item.steps.lengths.mean()) if len(item.steps.starts) else None, "batch": item.batch,
          "span_ns": max(0, int(item.run["until_ns"]) - int(item.run["start_ns"])), "has_steps": item.has_steps,
-         "gpu_work": item.busy is not None}
+         "gpu_work": item.busy is not None, "repeated_range": item.repeated}
         for item in evidence
     ], schema=RUNS_SCHEMA)  # fmt: skip

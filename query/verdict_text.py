@@ -5,6 +5,8 @@ Client.verdict in, text out."""
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -141,14 +143,36 @@ def suggested_window(runs: pd.DataFrame) -> int | None:
     return window
 
 
+_RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def steps_pattern(runs: pd.DataFrame) -> str | None:
+    """A --steps pattern naming, for every run without steps, its NVTX range of most instances
+    (the runs table's repeated_range); None where one of them has none."""
+    if "repeated_range" not in runs or "has_steps" not in runs:
+        return None
+    stepless = runs[~runs["has_steps"].fillna(False).astype(bool)]
+    names = [name for name in stepless["repeated_range"] if isinstance(name, str) and name]
+    if stepless.empty or len(names) < len(stepless):
+        return None
+    escaped = sorted({_RE2_SPECIAL.sub(r"\\\1", name) for name in names})
+    return f"^{escaped[0]}$" if len(escaped) == 1 else f"^({'|'.join(escaped)})$"
+
+
 def advice(measures: pd.DataFrame, runs: pd.DataFrame) -> tuple[str, list[str]]:
-    """What to add when the verdict cannot tell: a sentence, and the options that a pasted command adds
-    ([] when there is none to add; `--steps REGEX` needs the user's pattern, so it is only said)."""
-    if runs.empty or "span_ns" not in runs:
+    """What to add where runs without steps were compared in windows: a sentence, and the options
+    that a pasted command adds ([] when there is none). A --steps pattern where every such run
+    repeats an NVTX range (then step time is measured too); else, when too few windows tell nothing,
+    a --window that cuts the shortest run into MIN_WINDOWS."""
+    if runs.empty or "span_ns" not in runs or runs["has_steps"].fillna(False).astype(bool).all():
         return "", []
-    windowed = not runs["has_steps"].fillna(False).astype(bool).all()
-    intervals = not measures.empty and measures["low"].notna().any() if "low" in measures else False
-    if not windowed or intervals:
+    intervals = bool(not measures.empty and "low" in measures and measures["low"].notna().any())
+    pattern = steps_pattern(runs)
+    if pattern is not None:
+        names = ", ".join(sorted({str(n) for n in runs["repeated_range"].dropna()}))
+        return (f"Runs without steps repeat the NVTX range {names}: taken as steps, step time is measured too "
+                "(--window DURATION cuts finer windows instead):", ["--steps", pattern])  # fmt: skip
+    if intervals:
         return "", []
     steps = "name the runs' step ranges with --steps REGEX (NVTX ranges, one per step)"
     window = suggested_window(runs)
@@ -229,7 +253,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
 def markdown(frames: dict[str, pd.DataFrame], names: Sequence[str]) -> str:
     """The whole verdict as Markdown: headline, measures, parts, runs. `names`: A's and B's labels."""
     said, options = advice(frames["measures"], frames["runs"])
-    told = [f"{said} `{' '.join(options)}`" if options else said, ""] if said else []
+    told = [f"{said} `{shlex.join(options)}`" if options else said, ""] if said else []
     title = f"### tracehouse verdict: {names[1]} (B) vs {names[0]} (A)"
     text = [title, "", headline(frames["measures"], frames["runs"]), "", *told,
             markdown_table(measures_rows(frames["measures"]))]  # fmt: skip

@@ -24,6 +24,7 @@ MORE_STEPS = FIXTURES / "kineto" / "ns_resolution_trace_rank-0.Apr_03_18_51_38.1
 ONE_STEP = FIXTURES / "kineto" / "critical_path_cuda_event_sync_event_sync_trace.json.gz"  # 1 step, 3.3 ms
 NO_STEPS = FIXTURES / "nsys" / "nsys-2024.5-pipit-cloverleaf-4xa100.sqlite"  # 887 ms, 4 GPUs, no steps
 LONG = FIXTURES / "kineto" / "critical_path_alexnet_benchmark_result_2869224_1695835535_trace.json.gz"  # 43.5 s
+NVTX = FIXTURES / "nsys" / "nsys-2022.2-pipit-saxpy-mpi-cuda.sqlite"  # no steps; MPI:MPI_Send 10 times, saxpy 5
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -35,7 +36,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def imported(address: str) -> Iterator[dict[str, str]]:
     """The fixtures' run ids, by their short names here."""
-    files = {"steps": STEPS_TRACE, "more": MORE_STEPS, "one": ONE_STEP, "none": NO_STEPS, "long": LONG}
+    files = {"steps": STEPS_TRACE, "more": MORE_STEPS, "one": ONE_STEP, "none": NO_STEPS, "long": LONG, "nvtx": NVTX}
     missing = [path.name for path in files.values() if not path.exists()]
     if missing:
         pytest.skip(f"fixtures absent: {', '.join(missing)}")
@@ -67,6 +68,22 @@ def test_a_run_with_steps_beside_one_without_is_compared_in_windows_and_the_past
     assert code == 0, err
     assert "95 % interval" in again.splitlines()[0] and "Too few windows" not in again, again
     assert "62 windows of 19.8 ms" in again and "44 windows of 20.2 ms" in again
+
+
+def test_a_run_that_repeats_an_nvtx_range_is_offered_it_as_steps_and_the_pasted_command_measures_step_time(
+    capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
+) -> None:
+    code, out, err = run(capsys, "verdict", imported["steps"], imported["nvtx"], "--server", address)
+    assert code == 0, err
+    lines = out.splitlines()
+    said = next(i for i, line in enumerate(lines) if line.startswith("Runs without steps repeat"))
+    assert "MPI:MPI_Send" in lines[said] and "step time is measured too" in lines[said]
+    pasted = lines[said + 1].strip()
+    assert pasted.endswith("--steps '^MPI:MPI_Send$'"), pasted
+    code, again, err = run(capsys, *shlex.split(pasted[len(command_name()) :]))
+    assert code == 0, err
+    assert "step time" in again.splitlines()[0] and "NVTX ranges matching '^MPI:MPI_Send$'" in again
+    assert "Runs without steps" not in again and "has no steps" not in err
 
 
 def test_windows_cover_each_run_whole_so_its_busy_is_the_whole_runs(
