@@ -109,7 +109,8 @@ def _lacking(runs: pd.DataFrame) -> str:
     if "gpu_work" in runs and not runs["gpu_work"].fillna(False).astype(bool).all():
         reasons.append(f"no GPU work in {_names(runs, ~runs['gpu_work'].fillna(False).astype(bool))}")
     if "has_steps" in runs and not runs["has_steps"].fillna(False).astype(bool).all():
-        reasons.append(f"no steps in {_names(runs, ~runs['has_steps'].fillna(False).astype(bool))}")
+        stepless = _names(runs, ~runs["has_steps"].fillna(False).astype(bool))
+        reasons.append(f"no steps in {stepless} (--steps REGEX names NVTX ranges as steps)")
     if (runs["steps"] == 0).any():
         reasons.append(f"nothing left to measure in {_names(runs, runs['steps'] == 0)}")
     return "; ".join(reasons) or "the two groups have no steps, GPU work or telemetry in common"
@@ -172,7 +173,8 @@ def advice(measures: pd.DataFrame, runs: pd.DataFrame) -> tuple[str, list[str]]:
         names = ", ".join(sorted({str(n) for n in runs["repeated_range"].dropna()}))
         return (f"Runs without steps repeat the NVTX range {names}: taken as steps, step time is measured too "
                 "(--window DURATION cuts finer windows instead):", ["--steps", pattern])  # fmt: skip
-    if intervals:
+    measured = bool(not measures.empty and (measures["verdict"] != "not measured").any())
+    if intervals or not measured:  # told apart already; or nothing in the windows to measure, however fine
         return "", []
     steps = "name the runs' step ranges with --steps REGEX (NVTX ranges, one per step)"
     window = suggested_window(runs)

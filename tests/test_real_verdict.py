@@ -142,3 +142,24 @@ def test_a_difference_below_the_clock_is_zero() -> None:
                           "low_ns": [None, None], "high_ns": [None, None]})  # fmt: skip
     rows = verdict_text.parts_rows(parts)
     assert list(rows["B - A"]) == ["0 ns", "0 ns", "0 ns"]
+
+
+def test_runs_with_nothing_to_measure_are_refused_with_why_and_no_window_that_cannot_help(
+    capsys: pytest.CaptureFixture[str], address: str
+) -> None:
+    ranges_only = FIXTURES / "nsys" / "nsys-2022.4-efficientcenterformer-nvtx.sqlite"  # NVTX ranges, no GPU work
+    api_only = FIXTURES / "nsys" / "nsys-2025.1-lighttransport-gemm.sqlite"  # 3 CUDA API calls
+    if not (ranges_only.exists() and api_only.exists()):
+        pytest.skip("fixtures absent")
+    writer = BatchWriter(address, patience=120)
+    try:
+        a, b = (import_export(path, writer).run_id for path in (ranges_only, api_only))
+    finally:
+        writer.close()
+    code, out, err = run(capsys, "verdict", a, b, "--server", address)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("Nothing to compare: no GPU work in nsys-2022.4-efficientcenterformer-nvtx, "
+                            "nsys-2025.1-lighttransport-gemm; no steps in "), first  # fmt: skip
+    assert "(--steps REGEX names NVTX ranges as steps)" in first
+    assert "--window" not in out and "(no rows)" not in out, "finer windows of no work measure nothing"

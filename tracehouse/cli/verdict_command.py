@@ -152,8 +152,9 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
         print(verdict_text.markdown(frames, (_label(args.a), _label(args.b))), end="")
     else:  # the rows are text for people already: printed whole (wide), never cut mid-word
         print(verdict_text.headline(frames["measures"], frames["runs"]))
-        print()
-        print(table_text(verdict_text.measures_rows(frames["measures"]), wide=True), end="")
+        if not frames["measures"].empty:
+            print()
+            print(table_text(verdict_text.measures_rows(frames["measures"]), wide=True), end="")
         for name, title in verdict_text.TITLES.items():
             if not frames[name].empty:
                 rows = verdict_text.parts_rows(frames[name], total=verdict_text.TOTALS[name], full_names=args.wide)
