@@ -23,7 +23,7 @@ from tracehouse.batch import BatchBuilder
 from tracehouse.bench.verdict_runs import RunShape, synthetic_run
 from tracehouse.metrics import GPU_UTIL
 from tracehouse.v1 import ingest_pb2_grpc
-from ui.changes import absent_blank, speed_word
+from ui.changes import absent_blank, offered, speed_word
 from ui.data import plain
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
@@ -163,3 +163,14 @@ def test_a_kernel_one_run_never_ran_reads_blank_there() -> None:
     assert shown.loc[0, ["instances_a", "total_ns_a", "avg_ns_a"]].isna().all(), "absent, not 0 ns"
     assert shown.loc[1, "total_ns_a"] == 30 and shown.loc[0, "delta_ns"] == 40 and shown.loc[0, "total_ns_b"] == 40
     assert changes.loc[0, "total_ns_a"] == 0, "the answer itself (and its CSV) keeps the exact 0"
+
+
+def test_the_verdicts_advice_is_a_button_not_a_flag() -> None:
+    """A refusal's `--steps REGEX` / `--window DURATION` cannot be pasted into the explorer: it offers
+    to do it, with the URL parameters the page reads back."""
+    assert offered(["--steps", "^train_step$"]) == (
+        "Compare with NVTX ranges matching ^train_step$ as steps",
+        {"steps": "^train_step$"},
+    )
+    assert offered(["--window", "20ms"]) == ("Compare in windows of 20ms", {"window": "20ms"})
+    assert offered([]) is None

@@ -218,3 +218,8 @@ def test_a_slice_reads_as_the_runs_kernels_table_names_it() -> None:
     [known] = figures.timeline(window, none, [], events=events, known_names=[one, other]).data
     table = unique_short_names([one, other])[one]
     assert html.unescape(known.text[0]) == table != html.unescape(alone.text[0]), (table, alone.text[0])
+
+
+def test_a_table_for_people_leaves_out_the_flag_for_programs() -> None:
+    shown = styled(pd.DataFrame({"name": ["k…"], "name_cut": [True], "total_ns": [5]})).data
+    assert list(shown.columns) == ["name", "total"], "a cut name reads with its … alone, as the CLI's tables"

@@ -30,3 +30,16 @@ def absent_blank(changes: pd.DataFrame) -> pd.DataFrame:
                     values = values.astype("Int64")
                 shown[column] = values.mask(absent)
     return shown
+
+
+def offered(options: list[str]) -> tuple[str, dict[str, str]] | None:
+    """The verdict's advice (`--steps REGEX` or `--window DURATION`, query.verdict_text.advice) as the
+    explorer offers it: a button's label and the URL parameters it sets; None for no advice."""
+    if len(options) != 2:
+        return None
+    flag, value = options
+    if flag == "--steps":
+        return f"Compare with NVTX ranges matching {value} as steps", {"steps": value}
+    if flag == "--window":
+        return f"Compare in windows of {value}", {"window": value}
+    return None

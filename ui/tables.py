@@ -16,6 +16,7 @@ from tracehouse.readable import COUNTS, METRIC_VALUES, OPAQUE_IDS, column_kind, 
 from tracehouse.shortnames import unique_short_names
 from ui import figures
 
+FOR_PROGRAMS = ("name_cut",)  # a cut name already ends in … where people read it; the CSV keeps the flag
 SHORT = "short name"  # as the chart labels it; the full name stays in its own column
 
 
@@ -23,7 +24,7 @@ def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
     """`frame` for people: headers in words, cells in human units (instants as offsets from
     `origin_ns` where given, else ISO), missing values blank, internal ids left out. The values
     underneath stay the answer's own."""
-    shown = frame.drop(columns=[c for c in OPAQUE_IDS if c in frame.columns]).reset_index(drop=True)
+    shown = frame.drop(columns=[c for c in (*OPAQUE_IDS, *FOR_PROGRAMS) if c in frame.columns]).reset_index(drop=True)
     shown.columns = [str(c) for c in shown.columns]
     cells = formatters(shown, origin_ns)
     for column in shown.columns:  # a count per run (`instances_a`) reads as a count: 4,350
