@@ -434,9 +434,7 @@ def test_writers_sending_through_a_kill_and_a_restart_lose_nothing_and_store_not
             stored = stored_via(address)
             with Client(address) as client:
                 groups = int(client.sql("SELECT uniqExact(commit) AS n FROM ingest_pending")["n"][0])
-    # answered at the claim, the four writers fall out of step under load (17 groups of 28 batches at a
-    # load of 20 on two cores); answered once stored they were answered, and sent, together
-    assert groups <= len(sender.sent) * 3 / 4, "writers' batches were stored together"
+    assert groups <= len(sender.sent) / 2, "writers' batches were stored together"
     assert sender.refused == []
     assert len(sender.acknowledged) == len(sender.sent), "every batch sent was acknowledged: 0 lost"
     assert sender.attempts > len(sender.sent), "the kill met writes in flight"
