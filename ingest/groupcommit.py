@@ -5,7 +5,8 @@ most `max_rows` rows (what is left waits for the next group, first in line).
 So the parts the store makes, and what each insert costs, follow the data, not the number of
 writers. Each writer is answered when the group holding its batch is stored, or once the group is
 claimed (Store.claim_group: from then on it is stored once whatever fails) when storing it takes
-longer than `answer_within_s`, or while `answer_at_claim()` says so (the admission turns writers
+longer than `answer_within_s`, when it is a bulk writer's (`bulk_rows` rows or more), or while
+`answer_at_claim()` says so (the admission turns writers
 away: ingest/admission.py). Batches that describe runs are answered only once stored, and are
 stored after every group taken before them: what their writers send next may read them. A batch
 that stands alone (store/group.py: an import's chunk) is a group by itself, answered once stored.
@@ -81,6 +82,7 @@ class GroupCommit:
         self.interval_s = policy.interval_s
         self.max_rows = policy.max_rows
         self.answer_within_s = policy.answer_within_s
+        self.bulk_rows = policy.bulk_rows
         self.answer_at_claim = answer_at_claim
         self.sweep_s = sweep_s
         self._waiting: list[_Waiting] = []
@@ -120,7 +122,8 @@ class GroupCommit:
             # second under `bench load --writers 1000`)
             if len(self._waiting) == 1 or self._rows >= self.max_rows or waiting.rows >= ALONE_ROWS:
                 self._changed.notify()
-        within_s = 0.0 if self.answer_at_claim() else self.answer_within_s
+        bulk = self.bulk_rows is not None and rows >= self.bulk_rows
+        within_s = 0.0 if bulk or self.answer_at_claim() else self.answer_within_s
         if waiting.may_answer_early and within_s is not None:
             waiting.stored.wait(within_s)
             waiting.claimed.wait()

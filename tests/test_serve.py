@@ -173,7 +173,7 @@ def test_writers_are_answered_at_the_claim_unless_told_to_wait_until_stored() ->
     from tracehouse.cli.main import build_parser
 
     parse = build_parser().parse_args
-    assert parse(["serve"]).ack_within_ms == 0 and not parse(["serve"]).ack_once_stored
+    assert parse(["serve"]).ack_within_ms is None and not parse(["serve"]).ack_once_stored
     assert parse(["serve", "--ack-once-stored"]).ack_once_stored
     with pytest.raises(SystemExit):
         parse(["serve", "--ack-once-stored", "--ack-within-ms", "50"])

@@ -64,7 +64,7 @@ def bench_ingest(
         store = Store.open(store_url or f"chdb://{folder}/store", DEFAULT_LIMITS)
         # throughput, not admission: two writers never hold more than the store takes, and on a busy
         # machine the default target (0.7 s) turned the second away
-        commit = CommitPolicy(answer_within_s=None) if ack_once_stored else CommitPolicy()
+        commit = CommitPolicy(bulk_rows=None) if ack_once_stored else CommitPolicy()
         server = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS, ack_target_ms=60_000, commit=commit)
         channel = grpc.insecure_channel(
             f"127.0.0.1:{server.port}", options=[("grpc.max_send_message_length", 256 << 20)]

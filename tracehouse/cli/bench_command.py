@@ -19,8 +19,9 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
     ingest.add_argument(
-        "--ack-once-stored", action="store_true", help="the server's --ack-once-stored (default: answered at the claim)"
-    )
+        "--ack-once-stored", action="store_true",
+        help="the server's --ack-once-stored (default: bulk batches answered once claimed)",
+    )  # fmt: skip
     nsys = sub.add_parser(
         "import", help="events/s importing an Nsight Systems export vs a sqlite3 scan (--kineto: a PyTorch trace)"
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
-from ingest.commitpolicy import DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
+from ingest.commitpolicy import BULK_ROWS, DEFAULT_INTERVAL_S, DEFAULT_MAX_ROWS, CommitPolicy
 from tracehouse import __version__, config
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
@@ -124,18 +124,18 @@ def _add_serve(commands: Any) -> None:
         acks.add_argument(
             "--ack-within-ms",
             type=_ack_within_ms,
-            default=0,
+            default=None,
             metavar="MS",
-            help="a writer is answered once its batch is claimed (kept whole in the store, stored once "
-            "whatever fails; reads through this server wait for it), or once stored if that comes within MS "
-            "milliseconds (default %(default)s); batches that describe runs, and import chunks, are answered "
-            "once stored",
+            help="answer a writer within MS milliseconds once its batch is claimed (stored once, whatever "
+            "fails), even if the tables take longer; batches that describe runs wait until stored "
+            f"(default: answered once stored, but a bulk batch of {BULK_ROWS:,} rows or more once claimed, and "
+            "every batch once claimed while writers are being told to retry later)",
         )
         acks.add_argument(
             "--ack-once-stored",
             action="store_true",
-            help="answer every writer only once its batch is in the tables (but while writers are being told "
-            "to retry later): lower throughput, and reads through any server see what was answered",
+            help="answer bulk batches too only once their rows are in the tables: lower throughput for bulk "
+            "writers, and what they sent reads at once through any server of the store",
         )
         parser.add_argument(
             "--commit-rows",
@@ -245,7 +245,8 @@ def run_serve(args: argparse.Namespace) -> int:
             commit=CommitPolicy(
                 args.commit_interval_ms / 1000,
                 args.commit_rows,
-                None if args.ack_once_stored else args.ack_within_ms / 1000,
+                None if args.ack_within_ms is None else args.ack_within_ms / 1000,
+                None if args.ack_once_stored else BULK_ROWS,
             ),
             capture_rules=rules,
         )
