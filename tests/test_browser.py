@@ -307,13 +307,13 @@ def test_cloverleaf_kernels_chart_agrees_with_its_table(explorer: Explorer, page
             f"FROM events WHERE run_id = '{explorer.cloverleaf}' AND kind = 'kernel' "
             "ORDER BY end_ns - start_ns DESC LIMIT 1"
         ).iloc[0]
-        names = client.summary("kernels", run=explorer.cloverleaf)["name"].astype(str)
+        kernels = client.summary("kernels", run=explorer.cloverleaf)["name"].astype(str)
     width = int(longest["end_ns"] - longest["start_ns"])
     start, end = int(longest["start_ns"]) - width // 2, int(longest["end_ns"]) + width // 2
     visit(page, f"{explorer.url}/timeline?run={explorer.cloverleaf}&metrics=none&from={start}&to={end}",
           "cloverleaf-timeline-zoomed", charts=1)  # fmt: skip
     drawn = svg_texts(page, ".js-plotly-plot .barlayer text")
-    assert unique_short_names(names)[str(longest["name"])] in drawn, f"the kernel's slice is labelled: {drawn}"
+    assert unique_short_names(kernels)[str(longest["name"])] in drawn, f"the kernel's slice is labelled: {drawn}"
 
 
 def sort_by(page: Any, header: str) -> list[int]:
