@@ -288,8 +288,11 @@ ORDER BY abs(delta_ns) DESC, category, name
 
 
 def range_instance(where: Predicates, name: str, instance: int) -> Query:
+    """The `instance`-th range named `name`; Kineto's ProfilerStep#N is stored as a step named `step`
+    with N in its extras, and found under the name it had in the trace."""
     sql = f"""
 SELECT {NS}(start) AS s, {NS}(end) AS e, count() OVER () AS instances FROM {{db}}.events
-WHERE kind IN {RANGE_KINDS} AND name = {{range_name:String}} AND {where.sql()}
+WHERE kind IN {RANGE_KINDS} AND {where.sql()} AND (name = {{range_name:String}}
+    OR kind = 'step' AND name = 'step' AND concat('ProfilerStep#', extras['step']) = {{range_name:String}})
 ORDER BY start, id LIMIT 1 OFFSET {{offset:UInt64}}"""
     return sql, {**where.params, "range_name": name, "offset": instance - 1}

@@ -337,7 +337,8 @@ class Client:
         `tags` (newest first); at most 1000 (attrs["truncated"] says whether more matched).
         Columns: run_id, name, status, exit_code, start, duration_s, gpus, energy_j,
         gpu_util_mean, gpu_util_p95, sm_active_mean, proc_sm_util_mean, gpu_mem_peak_bytes,
-        busy_pct, kernels, top_kernels, then `tag.<key>` per tag key (sorted)."""
+        busy_pct, kernels, top_kernels (short names, each with its share), top_kernels_full (the same,
+        names whole), then `tag.<key>` per tag key (sorted)."""
         request = query_pb2.CompareRequest(run_ids=list(run_ids), tags=dict(tags or {}), top_kernels=top_kernels)
         answer = self._call("Compare", request)
         frame = _times(frame_of(answer), ("start",))

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from query.compare import CompareSpan, compare_telemetry, compare_traced
-from query.rungpus import indices_text, listed_gpus, recorded_count, run_gpus
+from query.rungpus import candidates, indices_text, recorded_count, run_gpus
 from tracehouse.shortnames import unique_short_names
 
 Rows = Callable[[str, dict[str, object]], list[dict[str, Any]]]  # a query's text and parameters -> its rows
@@ -38,7 +38,7 @@ def compare_table(runs: list[dict[str, Any]], top: int, rows: Rows) -> pa.Table:
         attrs, registered = dict(run["attrs"]), tuple(run.get("registered") or ())
         worked = tuple(traced.get(run["run_id"], {}).get("worked") or ())
         counts[run["run_id"]] = count = recorded_count(run["source"], attrs, registered)
-        known[run["run_id"]] = run_gpus(count, (listed_gpus(run["source"], attrs), registered, worked))
+        known[run["run_id"]] = run_gpus(count, candidates(run["source"], attrs, registered, worked))
     absolute = [replace(span, gpus=known[span.run_id]) for span, run in zip(spans, runs, strict=True)
                 if not run["relative_time"]]  # fmt: skip
     telemetry = _by_run(rows(*compare_telemetry(absolute))) if absolute else {}

@@ -507,25 +507,27 @@ def test_bad_input_exits_2_with_a_reason_and_stores_nothing(
     import_refused(path, reason, address, capsys, nothing_stored, (good, lambda p: write_trace(p, KinetoSpec(steps=2))))
 
 
-def test_the_cli_files_a_trace_without_a_host_under_this_machine(
+def test_the_cli_files_a_trace_without_a_host_under_its_run_id(
     tmp_path: Path, address: str, client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Most Kineto traces name no host; the CLI imports one on the machine that made it, usually,
-    so it files it there (beside that machine's telemetry) and says so; --host and the trace's own win."""
+    """Most Kineto traces name no host: the CLI files one under its run id, not this machine (whose GPUs
+    its own would be mixed with) and says so; --host and the trace's own win."""
     events = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": T0_US, "dur": 1}]
     nameless = write_json(tmp_path / "nameless.json", {"traceEvents": events})
     named = write_json(tmp_path / "named.json", {"traceEvents": events, "hostname": "node-7"})
     assert main(["import", "--server", address, str(nameless)]) == 0
     out, err = capsys.readouterr()
-    here = socket.gethostname()
-    assert json.loads(out)["host"] == here and f"filed under this machine, {here} (--host" in err
+    filed = json.loads(out)
+    assert filed["host"] == filed["run_id"] != socket.gethostname()
+    assert "names no host: filed under its run id (--host HOST" in err
     assert main(["import", "--server", address, "--host", "elsewhere", str(nameless), str(named)]) == 0
     assert capsys.readouterr().err == ""
     assert main(["import", "--server", address, str(named)]) == 0
     assert json.loads(capsys.readouterr().out)["host"] == "node-7"
     hosts = client.runs().groupby("host").size().to_dict()
-    assert hosts == {here: 1, "elsewhere": 2, "node-7": 1}
-    assert import_export(nameless, BatchWriter(address)).host == "unknown", "the API's default stays"
+    assert hosts == {filed["run_id"]: 1, "elsewhere": 2, "node-7": 1}
+    alone = import_export(nameless, BatchWriter(address))
+    assert alone.host == alone.run_id == filed["run_id"], "the same run, whoever imports it"
 
 
 def test_errors_are_kineto_errors_of_one_line(tmp_path: Path) -> None:

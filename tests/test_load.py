@@ -142,6 +142,21 @@ def test_admission_leaves_the_pace_alone_while_the_store_keeps_up() -> None:
         assert admission.counts().pending_bytes == 6_000
 
 
+def test_admission_does_not_foretell_a_large_write_from_the_pace_of_small_ones() -> None:
+    """A store's writes cost mostly per insert: small writes finishing slowly (run descriptions under
+    load) say nothing of how long a large one takes. It is taken; once the store has stored as many
+    bytes lately, the wait bound holds again."""
+    clock = Clock()
+    admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(admission, clock, 0.6, 300, 300)  # 600 bytes in 3 s: a 1 MB chunk would be "1,700 s of work"
+    with admission.admit(300), admission.admit(1_000_000):
+        assert admission.counts().pending_bytes == 1_000_300
+    measured = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
+    _finish(measured, clock, 0.6, 1_000_000, 1_000_000)  # 2 MB a second, on writes as large
+    with measured.admit(1_000_000), pytest.raises(Overloaded), measured.admit(2_000_000):  # 1.5 s ahead
+        pass
+
+
 def test_admission_keeps_a_write_within_a_third_of_its_callers_deadline() -> None:
     clock = Clock()
     admission = Admission(1 << 30, max_calls=500, target_ms=60_000, clock=clock)
@@ -455,14 +470,15 @@ def _turn_away(admission: Admission, size: int) -> int:
 
 
 def test_turns_run_no_further_ahead_than_the_longest_pause_whatever_the_pace() -> None:
-    """A pace measured on the first few writes can be a thousandth of the store's: turns given at it
-    would run minutes ahead, and every write turned away after them, the pace known by then, would wait
-    the longest pause for turns that no one holds."""
+    """A pace measured on the first few writes can be far below the store's: turns given at it would
+    run minutes ahead, and every write turned away after them, the pace known by then, would wait the
+    longest pause for turns that no one holds."""
     clock = Clock()
     admission = Admission(1 << 30, max_calls=500, target_ms=1_000, clock=clock)
-    _finish(admission, clock, 0.6, 10)  # 10 bytes a second
+    _finish(admission, clock, 0.6, 1_000)  # 1,000 bytes a second: a turn a second for writes of 1,000
     with admission.admit(1_000):
-        assert [_turn_away(admission, 1_000) for _ in range(3)] == [MAX_RETRY_MS] * 3  # 100 s a turn
+        turns = [_turn_away(admission, 1_000) for _ in range(12)]
+    assert turns[:3] == [1_500, 2_500, 3_500] and turns[-3:] == [MAX_RETRY_MS] * 3
     clock.now += MAX_RETRY_MS / 1000
     _finish(admission, clock, 0.6, *[1_000] * 4)  # 4,000 bytes in the 1.8 s since the first finished
     with admission.admit(1_000), admission.admit(1_000):

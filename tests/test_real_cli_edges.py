@@ -104,7 +104,6 @@ def test_a_profiler_step_is_found_among_steps_and_a_missing_one_hints_the_steps_
         capsys, "query", "kernels", "--run", run_id, "--range", "ProfilerStep#103", "--server", address
     )
     assert code == 0, err
-    assert "ProfilerStep#103 is stored as a step" in err
     steps = client.events(["step"], run=run_id)
     third = steps[steps["extras"].map(lambda extras: dict(extras).get("step")) == "103"].iloc[0]
     inside = client.summary("kernels", run=run_id, start=int(third["start"].value), end=int(third["end"].value))
@@ -115,7 +114,7 @@ def test_a_profiler_step_is_found_among_steps_and_a_missing_one_hints_the_steps_
     assert "ProfilerStep#101, #102, #103, #104, #105" in hint, hint
     pasted = hint[hint.index(command_name() + " ") :]
     code, again, err = run(capsys, *shlex.split(pasted[len(command_name()) :]))
-    assert code == 0 and "ProfilerStep#101 is stored as a step" in err and again.strip()
+    assert code == 0 and again.strip(), err
 
 
 def test_sql_refusals_name_the_real_columns_and_their_types(

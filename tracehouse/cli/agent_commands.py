@@ -165,7 +165,6 @@ def run_demo_train(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     import shlex
     import signal
-    import socket
 
     from agent.shipping.writer import BatchWriter, WriteFailed
     from agent.traces.importer import import_export
@@ -179,9 +178,7 @@ def run_import(args: argparse.Namespace) -> int:
             progress = _Progress(path.name) if sys.stderr.isatty() else None
             sent, duplicates = writer.batches, writer.duplicates
             try:
-                result = import_export(
-                    path, writer, args.run_name, args.host, dict(args.tag), progress, default_host=socket.gethostname()
-                )
+                result = import_export(path, writer, args.run_name, args.host, dict(args.tag), progress)
             except TraceFileError as error:
                 print(f"tracehouse: {error}", file=sys.stderr)
                 status = max(status, EXIT_USAGE)
@@ -197,9 +194,9 @@ def run_import(args: argparse.Namespace) -> int:
             finally:
                 if progress:
                     progress.done()
-            if not args.host and result.host == socket.gethostname():
-                print(f"tracehouse: {path.name}: filed under this machine, {result.host} (--host to choose another)",
-                      file=sys.stderr)  # fmt: skip
+            if not args.host and result.host == result.run_id:
+                print(f"tracehouse: {path.name}: names no host: filed under its run id (--host HOST files it "
+                      "under a machine, beside that machine's telemetry)", file=sys.stderr)  # fmt: skip
             stored_before = _stored_before(writer.batches - sent, writer.duplicates - duplicates, result.run_id)
             if stored_before:
                 print(f"tracehouse: {path.name}: {stored_before}", file=sys.stderr)

@@ -35,7 +35,9 @@ PROFILED_STEPS = 3  # the profiler records this many steps, after one of warm-up
 
 class TorchMissing(RuntimeError):
     def __init__(self) -> None:
-        super().__init__("demo-train needs PyTorch: pip install torch (or pip install 'tracehouse[torch]')")
+        from tracehouse.cli.up import torch_hint
+
+        super().__init__(f"demo-train needs PyTorch: {torch_hint()}")
 
 
 def torch_available() -> bool:

@@ -173,12 +173,9 @@ def run_query(args: argparse.Namespace) -> int:
     try:
         return _answer(client, args)
     except QueryFailed as error:
-        from tracehouse.cli.query_hints import range_among_steps
+        from tracehouse.cli.query_hints import steps_hint
 
-        retry, hint = range_among_steps(client, args, str(error))
-        if retry is not None:  # a ProfilerStep#N stored as a step: the question over its span
-            print(f"tracehouse: {hint}", file=sys.stderr)
-            return _answer(client, retry)
+        hint = steps_hint(client, args, str(error))
         print(f"tracehouse: {pasteable(str(error), getattr(args, 'typed', []))}", file=sys.stderr)
         if hint:
             print(f"tracehouse: {hint}", file=sys.stderr)

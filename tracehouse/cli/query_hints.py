@@ -1,5 +1,5 @@
-"""What `tracehouse query` adds to an answer or a refusal so that a person can go on: a range that is
-stored as a profiler step found among the run's steps, and a hint for SQL whose durations in ns are
+"""What `tracehouse query` adds to a refusal so that a person can go on: the profiler steps a run has
+when the one asked is not there, and a hint for SQL whose durations in ns are
 not named so. Hints are commands that run when pasted (command_name, the user's own options)."""
 
 from __future__ import annotations
@@ -52,45 +52,23 @@ def step_numbers(steps: pd.DataFrame) -> list[int]:
     return numbers
 
 
-def step_span(steps: pd.DataFrame, number: int, instance: int) -> tuple[int, int] | None:
-    """[start, end) ns of the `instance`-th step numbered `number`, None when there is none."""
-    seen = 0
-    for _, row in steps.iterrows():
-        if str(dict(row.get("extras") or {}).get("step", "")) == str(number):
-            seen += 1
-            if seen == instance:
-                return int(row["start"].value), int(row["end"].value)
-    return None
-
-
-def range_among_steps(client: Client, args: argparse.Namespace, message: str) -> tuple[argparse.Namespace | None, str]:
-    """For `--range ProfilerStep#N` that the server did not find among the ranges: the same question
-    over that step's span where the run stores it as a step (Kineto's ProfilerStep#N are steps), with
-    a note saying so; else (None, a hint naming the steps there are). (None, "") when it does not apply."""
+def steps_hint(client: Client, args: argparse.Namespace, message: str) -> str:
+    """For `--range ProfilerStep#N` that the server did not find (among the ranges, and the steps that
+    Kineto's ProfilerStep#N are stored as): the steps there are, as a command that pastes; "" when it
+    does not apply."""
     wanted = PROFILER_STEP.fullmatch(getattr(args, "range", None) or "")
     if not wanted or "NOT_FOUND" not in message:
-        return None, ""
+        return ""
     window = {"run": args.run, "host": args.host, "gpu": args.gpu, "start": args.start, "end": args.end}
-    steps = client.events(["step"], limit=MAX_STEPS_READ, **window)
-    number, instance = int(wanted.group(1)), args.instance or 1
-    span = step_span(steps, number, instance)
-    if span is not None:
-        note = (
-            f"{args.range} is stored as a step (kind step, step {number}), not a range: answering over its span, "
-            f"--from {span[0]} --to {span[1]}"
-        )
-        return argparse.Namespace(
-            **{**vars(args), "range": None, "instance": None, "start": span[0], "end": span[1]}
-        ), note
-    numbers = sorted(set(step_numbers(steps)))
+    numbers = sorted(set(step_numbers(client.events(["step"], limit=MAX_STEPS_READ, **window))))
     typed = getattr(args, "typed", [])
     if not numbers:
-        return None, (
-            f"no profiler step {number} here either: the window has no steps; "
+        return (
+            f"no profiler step {wanted.group(1)} here either: the window has no steps; "
             f"{command_name()} {shlex.join(['query', 'nvtx', *_connection_and_run(typed)])} lists its ranges"
         )
     listed = ", ".join(f"#{n}" for n in numbers[:STEPS_LISTED]) + (" …" if len(numbers) > STEPS_LISTED else "")
-    return None, (
+    return (
         f"the run's profiler steps are ProfilerStep{listed} ({len(numbers)} stored as steps): "
         f"{again(typed, '--range', f'ProfilerStep#{numbers[0]}')}"
     )
