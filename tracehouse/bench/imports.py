@@ -17,7 +17,8 @@ The import's CPU against it (`floor_ratio`, the goal ≤ GOAL_FLOOR_RATIO) is th
 server's CPU while it ran, and the server's after it until idle (the engine merging the import's parts),
 less what the keeper spends making the run's kept answers in that time (query/keeper.py: answers for
 questions, not the import's storing; measured apart on the same store, tracehouse/bench/keepercost.py,
-and reported as `keeper_cpu_s`). `cpu_us_per_event_until_idle` still counts everything."""
+and reported as `keeper_cpu_s`; kept again on parts merged by then, it may cost a little less than it did,
+so the merges counted are, if anything, too many). `cpu_us_per_event_until_idle` still counts everything."""
 
 from __future__ import annotations
 
