@@ -78,12 +78,14 @@ def import_export(
     progress: Progress | None = None,
     default_host: str = "unknown",
     into_run: str = "",
+    job: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
 ) -> ImportResult:
     """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
     (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible.
     The run is filed under `host`, else the host the file names, else `default_host`.
     `into_run`: the rows go to this run, which the caller describes (its description then
-    says whether the import finished); no run rows are written."""
+    says whether the import finished); no run rows are written. `job`: the job attrs of the run, made
+    from the trace's own (tracehouse.jobs.import_membership)."""
     started = time.monotonic()
     with open_trace(path) as trace:
         host = host or trace.host or default_host or "unknown"
@@ -99,6 +101,8 @@ def import_export(
             "tags": dict(tags or {}),
             "attrs": trace.attrs(),
         }
+        if job is not None:
+            run["attrs"].update(job(run["attrs"]))
         version = _describe(run)
         if not into_run:
             # The begin describes the file, whatever the caller names and tags it: importing a finished
