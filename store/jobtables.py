@@ -11,7 +11,7 @@ JOBS = Table(
     """
     job String COMMENT 'the job id its runs name (attrs job)',
     generation String COMMENT 'fingerprint of the runs it was made from; the latest assembled is the answer',
-    rank UInt32,
+    rank UInt32 COMMENT '4294967295: a row of the job''s own notes (bad input and what was done)',
     run_id String,
     host LowCardinality(String),
     gpu Int16 COMMENT 'the GPU the rank ran on: most of its kernels, else its local rank; -1 for none',
@@ -53,4 +53,29 @@ JOB_STEPS = Table(
     dedup=False,
 )
 
-JOB_TABLES = (JOBS, JOB_STEPS)
+JOB_COLLECTIVES = Table(
+    "job_collectives",
+    """
+    job String,
+    generation String,
+    kind LowCardinality(String) COMMENT 'all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ...',
+    bytes UInt64 COMMENT 'its size (the largest a rank gave); 0: unknown',
+    count UInt64 COMMENT 'collectives of this kind and size matched across two ranks or more',
+    ranks UInt32,
+    latency_ns Int64 COMMENT 'median over ranks and collectives of end - start',
+    arrival_skew_ns Int64 COMMENT 'median spread of the ranks'' aligned starts',
+    arrival_skew_max_ns Int64,
+    finish_skew_ns Int64 COMMENT 'median spread of the ranks'' aligned ends',
+    algbw_bytes_per_s UInt64 COMMENT 'bytes over the time from the last arrival to the last end (nccl-tests)',
+    busbw_bytes_per_s UInt64 COMMENT 'algbw times the kind''s factor for its ranks (nccl-tests)',
+    last_rank Int32 COMMENT 'the rank that arrived last most often',
+    last_rank_count UInt64
+""",
+    "MergeTree",
+    order_by="(job, generation, kind, bytes)",
+    comment="a distributed job's collectives per kind and size, across its ranks",
+    shard_key="cityHash64(job)",
+    dedup=False,
+)
+
+JOB_TABLES = (JOBS, JOB_STEPS, JOB_COLLECTIVES)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracehouse import config
-from tracehouse.jobs import JOB_ENV
 from tracehouse.cli.options import (
     EXIT_USAGE,
     _add_client_security,
@@ -19,6 +18,7 @@ from tracehouse.cli.options import (
     _tag,
     _tick,
 )
+from tracehouse.jobs import JOB_ENV
 
 if TYPE_CHECKING:
     from agent.runs.children import Signals

@@ -1,0 +1,157 @@
+"""The job view: membership from the launchers' variables, bad input, step parts, the straggler rule's
+false-positive rate, and a synthetic job with a known truth through the real server and chDB store."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+
+from query.client import Client, QueryFailed
+from query.jobassemble import choose_ranks
+from query.jobparts import Intervals, covered, step_parts
+from query.jobstragglers import false_positive_rate
+from tests.helpers import request
+from tests.job_trace import ALLREDUCE_BYTES, MS, JobSpec, build
+from tracehouse.cli.main import main
+from tracehouse.jobs import import_membership, job_from_environment
+from tracehouse.v1 import ingest_pb2_grpc
+
+
+def test_membership_from_the_launchers_variables() -> None:
+    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+    assert job_from_environment(torchrun).attrs() == {"job": "abc", "rank": "3", "world_size": "8", "local_rank": "1"}
+    slurm = {
+        "SLURM_JOB_ID": "991",
+        "SLURM_STEP_ID": "2",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+    }
+    assert job_from_environment(slurm).attrs() == {"job": "991.2", "rank": "5", "world_size": "16", "local_rank": "1"}
+    mpi = {"PMIX_NAMESPACE": "prterun-x@1", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert job_from_environment(mpi).attrs() == {"job": "prterun-x@1", "rank": "2", "world_size": "4"}
+    # torchrun's default id is no id; a job given wins; a rank that is no number is left out
+    assert job_from_environment({"TORCHELASTIC_RUN_ID": "none", "RANK": "1"}) is None
+    assert job_from_environment({"RANK": "x", "TORCHELASTIC_RUN_ID": "a"}, job="mine").attrs() == {"job": "mine"}
+    assert import_membership("j", 2, 4, {"distributed_rank": "7", "distributed_world_size": "8"}).rank == 7
+    assert import_membership("j", 2, 4, {}).attrs() == {"job": "j", "rank": "2", "world_size": "4"}
+
+
+def _run(run_id: str, rank: str | None, world: str = "4") -> dict[str, object]:
+    attrs = {"job": "j", "world_size": world} | ({"rank": rank} if rank is not None else {})
+    return {"run_id": run_id, "host": "h", "attrs": attrs}
+
+
+def test_bad_membership_is_answered_with_what_was_done() -> None:
+    runs = [_run("a", "0"), _run("b", "1", "8"), _run("c", "1"), _run("launcher", None)]
+    ranks, notes = choose_ranks(runs, {"a": 10, "b": 3, "c": 10})
+    assert [(r.rank, r.run_id) for r in ranks] == [(0, "a"), (1, "c")]
+    text = "\n".join(notes)
+    assert "rank 1 is claimed by 2 runs: kept c (10 steps), left out b" in text
+    assert "launcher names the job but no rank" in text
+    assert "disagree on the world size" in text
+    assert "6 rank(s) of 8 have no run: 2, 3, 4, 5, 6, 7" in text  # took the largest
+
+
+def test_step_parts_add_up_with_compute_first() -> None:
+    steps = (np.array([0, 100]), np.array([100, 200]))
+    compute = Intervals(np.array([10, 20, 110]), np.array([30, 40, 150]))  # overlapping kernels: 30 covered
+    comm = Intervals(np.array([35, 150]), np.array([60, 190]))  # 5 of it under compute
+    data = Intervals(np.array([0, 100]), np.array([15, 105]))
+    parts = step_parts(*steps, compute, comm, data)
+    assert parts["compute_ns"].tolist() == [30, 40]
+    assert parts["comm_ns"].tolist() == [20, 40]
+    assert parts["data_ns"].tolist() == [10, 5]
+    assert parts["idle_ns"].tolist() == [40, 15]
+    assert covered(Intervals.empty(), *steps).tolist() == [0, 0]
+
+
+def test_the_straggler_rule_flags_no_rank_step_of_jobs_without_one() -> None:
+    # 1,024 ranks x 2,000 steps, own times with 3 % log-normal noise: the figure of query/jobstragglers.py
+    rate, flagged = false_positive_rate(1024, 2000, 0.03, seed=1)
+    assert flagged == 0 and rate == 0.0
+    rate, flagged = false_positive_rate(64, 1000, 0.10, seed=2)  # 10 % noise: still under 1 in 10^4
+    assert rate < 1e-4
+
+
+def _store(address: str, spec: JobSpec) -> object:
+    builders, truth = build(spec)
+    with grpc.insecure_channel(address) as channel:
+        ingest = ingest_pb2_grpc.IngestStub(channel)
+        for builder in builders:
+            ingest.Write(request(builder), timeout=60)
+    return truth
+
+
+def test_a_straggler_is_named_with_its_loss_cause_and_throttled_gpu(address: str, client: Client) -> None:
+    spec = JobSpec(no_trace=(7,), missing_steps={6: (30, 39)})
+    truth = _store(address, spec)
+    view = client.job("job-1")
+    assert len(view.stragglers) == 1
+    s = view.stragglers.iloc[0]
+    assert (s["rank"], s["first_step"], s["last_step"], s["cause"]) == (5, 10, 19, "compute")
+    assert abs(s["lost_ns"] - truth.lost_ns) <= 0.1 * truth.lost_ns  # type: ignore[attr-defined]
+    assert abs(s["compute_growth_ns"] - 20 * MS) < 1 * MS
+    telemetry = view.telemetry.set_index("metric")
+    assert telemetry.loc["gpu.sm_clock_mhz", "rank_mean"] == pytest.approx(1100, abs=100)
+    assert telemetry.loc["gpu.sm_clock_mhz", "peers_mean"] == pytest.approx(1980)
+    assert "hardware thermal" in telemetry.loc["gpu.throttle_reasons", "detail"].split(" (peers")[0]
+    ranks = view.ranks.set_index("rank")
+    # node-1's clock runs 50 ms ahead: aligned on the all-reduces' ends, to within their spread
+    assert ranks.loc[4, "alignment"] == "collective ends"
+    assert abs(ranks.loc[4, "offset_ns"] + 50 * MS) <= max(ranks.loc[4, "uncertainty_ns"], 1000)
+    assert ranks.loc[1, "alignment"] == "same host" and ranks.loc[0, "alignment"] == "reference"
+    collectives = view.collectives.iloc[0]
+    assert (collectives["kind"], collectives["bytes"], collectives["last_rank"]) == ("all_reduce", ALLREDUCE_BYTES, 5)
+    assert collectives["count"] == 40
+    assert collectives["arrival_skew_ns"] < 2 * MS  # 50 ms without the alignment
+    assert collectives["busbw_bytes_per_s"] == pytest.approx(
+        collectives["algbw_bytes_per_s"] * 2 * 6 / 7, rel=0.05
+    )  # 7 ranks with collectives
+    notes = "\n".join(view.notes)
+    assert "rank 7" in notes and "no steps" in notes
+    assert "rank 6 lacks 10 of 40 steps (30, 31" in notes
+    assert view.steps is None
+    # the same answer again comes from what was stored (the same generation)
+    assert client.job("job-1").generation == view.generation
+
+
+def test_a_data_loading_straggler_is_blamed_on_data_and_steps_narrow(address: str, client: Client) -> None:
+    _store(address, JobSpec(job="job-d", slow_part="data", slow_rank=2, host_offsets_ns={}))
+    view = client.job("job-d", steps=r"^1\d$", step_rows=True)
+    s = view.stragglers.iloc[0]
+    assert (s["rank"], s["cause"]) == (2, "data")
+    assert sorted(view.steps["step"].unique()) == list(range(10, 20))
+    assert (view.steps[["compute_ns", "comm_ns", "data_ns", "idle_ns"]].sum(axis=1) == view.steps["dur_ns"]).all()
+
+
+def test_a_job_of_one_rank_and_bad_requests(address: str, client: Client) -> None:
+    _store(address, JobSpec(job="solo", ranks=1, slow_rank=None, host_offsets_ns={}))
+    view = client.job("solo")
+    assert view.stragglers.empty
+    assert any("a job of 1 rank(s)" in note for note in view.notes)
+    with pytest.raises(QueryFailed) as failed:
+        client.job("nobody")
+    assert failed.value.code == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(QueryFailed) as failed:
+        client.job("bad id!")
+    assert failed.value.code == grpc.StatusCode.INVALID_ARGUMENT and "job" in failed.value.message
+    with pytest.raises(QueryFailed) as failed:
+        client.job("solo", steps="(")
+    assert "step_pattern" in failed.value.message
+
+
+def test_the_command_prints_the_job(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _store(address, JobSpec(job="cli-job"))
+    assert main(["job", "cli-job", "--server", address, "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["stragglers"][0]["rank"] == 5 and isinstance(document["stragglers"][0]["lost_ns"], int)
+    assert main(["job", "cli-job", "--server", address]) == 0
+    out = capsys.readouterr().out
+    assert "rank 5, steps 10-19 (10 slow): the job lost" in out and "cause: compute" in out
+    assert "throttle reasons: hardware thermal (peers: none)" in out
+    assert main(["job", "cli-job", "--server", address, "--format", "markdown"]) == 0
+    assert "### stragglers" in capsys.readouterr().out
