@@ -9,7 +9,8 @@ for normal noise). A rank-step is slow when own - m > max(K_MAD x s, MIN_RELATIV
 A straggler is a rank's run of slow steps, gaps of up to MAX_GAP steps joined, MIN_SLOW slow steps at least:
 one slow step alone is noise, or a hiccup too short to matter. On synthetic jobs with no straggler (every
 rank's own time the same with 3 % independent log-normal noise), 1,024 ranks x 2,000 steps, the rule flags
-about 1 rank-step in 10,000 as slow (193 of 2,048,000, seed 1) and reports no straggler (tests/test_job.py measures both).
+about 1 rank-step in 10,000 as slow (193 of 2,048,000, seed 1) and reports no straggler
+(tests/test_job.py measures both).
 
 What the job lost (the what-if of ByteDance's OSDI'25 straggler study): had the rank run at the median
 rank's pace, a step would have waited for the slowest of the others instead; the loss in a step is

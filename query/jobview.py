@@ -91,7 +91,7 @@ def _rows_of(step_col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     low, high = int(step_col.min()), int(step_col.max())
     if high - low > 4 * step_col.size:
-        return np.unique(step_col, return_inverse=True)  # type: ignore[return-value]
+        return np.unique(step_col, return_inverse=True)
     present = np.zeros(high - low + 1, bool)
     present[step_col - low] = True
     index = np.cumsum(present) - 1

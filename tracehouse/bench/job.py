@@ -25,7 +25,7 @@ GOAL_S = 2.0
 
 
 @contextlib.contextmanager
-def _served() -> Iterator[tuple[Any, Any]]:
+def _served() -> Iterator[tuple[Any, Any, str]]:
     from query.client import Client
     from store.store import Store
     from tracehouse.cli.serve import create_server
