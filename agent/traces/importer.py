@@ -102,7 +102,8 @@ def import_export(
             "attrs": trace.attrs(),
         }
         if job is not None:
-            run["attrs"].update(job(run["attrs"]))
+            result.attrs = dict(job(run["attrs"]))
+            run["attrs"].update(result.attrs)
         version = _describe(run)
         if not into_run:
             # The begin describes the file, whatever the caller names and tags it: importing a finished
@@ -153,6 +154,7 @@ def _ship(
     result.skipped = trace.skipped()
     run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
     run["attrs"] = {
+        **result.attrs,  # the caller's (a job's), set before the import
         **trace.attrs(),
         **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
         **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},

@@ -1,0 +1,88 @@
+"""Runs become a job's ranks: the training API, `tracehouse run --job` (a subprocess, as a user runs it),
+`tracehouse import --job` (the rank from distributedInfo, else the file's place), through the real server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tracehouse
+from agent.traces.kineto_synthetic import KinetoSpec, write_trace
+from query.client import Client
+from tests.test_run import python, tracehouse_run
+from tracehouse.channel import ClientSecurity
+from tracehouse.cli.main import main
+
+PLAIN = ClientSecurity()
+
+
+def _attrs(client: Client, name: str) -> dict[str, str]:
+    runs = client.runs()
+    found = runs[runs["name"] == name]
+    assert len(found) == 1, list(runs["name"])
+    return dict(found.iloc[0]["attrs"])
+
+
+def test_the_training_api_names_its_job_and_rank(
+    address: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with tracehouse.run("api-r1", server=address, security=PLAIN, spool=tmp_path, job="api-job"):
+        tracehouse.step(0)
+    attrs = _attrs(client, "api-r1")
+    assert (attrs["job"], attrs["rank"], attrs["world_size"], attrs["local_rank"]) == ("api-job", "1", "2", "1")
+
+
+def test_tracehouse_run_job_names_the_job_and_the_view_takes_the_training_run(
+    address: str, client: Client, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    code = """
+        import tracehouse
+        with tracehouse.run("train-r0"):
+            for i in range(4):
+                tracehouse.step(i)
+    """
+    for rank in (0, 1):
+        done = tracehouse_run(
+            address, home, "--name", f"launch-r{rank}", "--job", "rj", "--agent", "none",
+            *python(code.replace("train-r0", f"train-r{rank}")),
+            RANK=str(rank), WORLD_SIZE="2", TRACEHOUSE_SERVER=address,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert _attrs(client, "launch-r0")["job"] == "rj" and _attrs(client, "train-r1")["rank"] == "1"
+    view = client.job("rj")
+    assert sorted(view.ranks["run_id"]) == sorted(
+        client.runs().set_index("name").loc[["train-r0", "train-r1"], "run_id"]
+    )  # each rank's launcher left out: it has no steps
+    assert (view.ranks["steps"] == 4).all()
+    assert sum("is claimed by 2 runs" in note for note in view.notes) == 2
+
+
+def test_import_job_takes_the_rank_from_distributed_info_else_the_file_order(
+    address: str, client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    write_trace(first, KinetoSpec(steps=6, gzip=False))
+    write_trace(second, KinetoSpec(steps=6, kernels_per_step=4, gzip=False))
+    text = first.read_text().replace('"rank": 0, "world_size": 1', '"world_size": 1')  # no rank: the file's place
+    first.write_text(text)
+    text = second.read_text().replace('"rank": 0, "world_size": 1', '"rank": 1, "world_size": 2')
+    second.write_text(text)
+    assert main(["import", "--job", "imp", "--host", "node-a", str(first), str(second), "--server", address]) == 0
+    imported = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_run = client.runs().set_index("run_id")
+    attrs = [dict(by_run.loc[row["run_id"], "attrs"]) for row in imported]
+    assert [(a["job"], a["rank"], a["world_size"]) for a in attrs] == [("imp", "0", "2"), ("imp", "1", "2")]
+    view = client.job("imp")
+    assert list(view.ranks["rank"]) == [0, 1] and (view.ranks["steps"] == 6).all()
+    parts = view.ranks[["mean_compute_ns", "mean_comm_ns", "mean_data_ns", "mean_idle_ns"]].sum(axis=1)
+    assert ((parts - view.ranks["mean_dur_ns"]).abs() <= 1).all()
+    assert (view.ranks["mean_compute_ns"] > 0).all()  # its kernels
+    assert main(["import", "--job", "bad id!", str(first), "--server", address]) == 2
+    assert "--job: 'bad id!' is not a job id" in capsys.readouterr().err
