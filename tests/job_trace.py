@@ -34,6 +34,7 @@ class JobSpec:
     no_trace: tuple[int, ...] = ()  # ranks with a run but no events
     missing_steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> steps it lacks (inclusive)
     noise_ns: int = 300_000
+    second_ns: int = 3 * MS  # rank 1 is this much slower all along: under the threshold, but the what-if counts it
     seed: int = 0
 
 
@@ -51,6 +52,8 @@ def build(spec: JobSpec) -> tuple[list[BatchBuilder], Truth]:
     rng = np.random.default_rng(spec.seed)
     compute = COMPUTE_NS + rng.integers(-spec.noise_ns, spec.noise_ns + 1, size=(spec.steps, spec.ranks))
     data = np.full((spec.steps, spec.ranks), DATA_NS, np.int64)
+    if spec.ranks > 2:
+        compute[:, 1] += spec.second_ns
     lost = 0
     if spec.slow_rank is not None:
         first, last = spec.slow_steps

@@ -11,6 +11,7 @@ import pytest
 
 from query.client import Client, QueryFailed
 from query.jobassemble import choose_ranks
+from query.jobcollectives import Alignment, Collective, align, collective_rows, matched
 from query.jobparts import Intervals, covered, step_parts
 from query.jobstragglers import false_positive_rate
 from tests.helpers import request
@@ -105,9 +106,11 @@ def test_a_straggler_is_named_with_its_loss_cause_and_throttled_gpu(address: str
     assert abs(ranks.loc[4, "offset_ns"] + 50 * MS) <= max(ranks.loc[4, "uncertainty_ns"], 1000)
     assert ranks.loc[1, "alignment"] == "same host" and ranks.loc[0, "alignment"] == "reference"
     collectives = view.collectives.iloc[0]
-    assert (collectives["kind"], collectives["bytes"], collectives["last_rank"]) == ("all_reduce", ALLREDUCE_BYTES, 5)
+    # rank 1, 3 ms slower all along, arrives last but in rank 5's 10 slow steps
+    assert (collectives["kind"], collectives["bytes"], collectives["last_rank"]) == ("all_reduce", ALLREDUCE_BYTES, 1)
+    assert collectives["last_rank_count"] == 30
     assert collectives["count"] == 40
-    assert collectives["arrival_skew_ns"] < 2 * MS  # 50 ms without the alignment
+    assert collectives["arrival_skew_ns"] < 5 * MS  # rank 1's 3 ms and noise; 50 ms more without the alignment
     assert collectives["busbw_bytes_per_s"] == pytest.approx(
         collectives["algbw_bytes_per_s"] * 2 * 6 / 7, rel=0.05
     )  # 7 ranks with collectives
@@ -166,3 +169,29 @@ def test_bench_job_finds_its_straggler_and_times_the_view_beside_the_scan() -> N
     found = result["straggler"]["found"]
     assert (found["rank"], found["first_step"], found["last_step"]) == (rank, first, first + count - 1)
     assert result["job_view_s"] > 0 and result["engine_scan_s"] > 0 and result["ratio"] > 0
+
+
+def _collectives(ends: list[int], shift: int) -> list[Collective]:
+    return [Collective("all_reduce", 1 << 20, end - 5 * MS + shift, end + shift) for end in ends]
+
+
+def test_alignment_takes_the_tighter_of_collective_ends_and_agent_offsets_and_says_what_it_cannot() -> None:
+    ends = [1_000 * MS * (i + 1) for i in range(10)]
+    hosts = {0: "a", 1: "a", 2: "b", 3: "c", 4: "d"}
+    per_rank = {0: _collectives(ends, 0), 1: _collectives(ends, 0), 2: _collectives(ends, 50 * MS),
+                3: _collectives(ends[:2], 7 * MS), 4: []}  # fmt: skip
+    # the agents: host c's clock 7 ms behind the server's... and a's and c's measured, b's and d's not
+    offsets = {"a": np.full(20, 1 * MS, np.float64), "c": np.full(20, 8 * MS, np.float64) + np.arange(20) * 1000}
+    aligned = align(hosts, matched(per_rank), offsets)
+    assert (aligned[0].method, aligned[1].method) == ("reference", "same host")
+    assert aligned[2] == Alignment(-50 * MS, 1000, "collective ends")  # tighter than no agent at all
+    # two collectives in common are too few: host c's agents' offsets (8 ms - 1 ms), within their floor
+    assert aligned[3].method == "agent offsets" and aligned[3].offset_ns == 7 * MS + 9500
+    assert aligned[3].uncertainty_ns == 500_000
+    assert (
+        aligned[4].method == "none"
+        and aligned[4].uncertainty_ns == -1
+        and "host d cannot be aligned" in aligned[4].note
+    )
+    rows = collective_rows(matched(per_rank), aligned)
+    assert rows[0]["count"] == 10 and rows[0]["arrival_skew_ns"] == 0  # host b's 50 ms taken out
