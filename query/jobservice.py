@@ -26,7 +26,12 @@ def job_response(store: Store, request: query_pb2.JobRequest, within: Callable[[
         "collectives": answer.collectives, "steps": answer.steps,
     }  # fmt: skip
     encoded = {name: ipc_bytes(table) for name, table in tables.items() if table is not None}
-    within(sum(len(data) for data in encoded.values()))
+    try:
+        within(sum(len(data) for data in encoded.values()))
+    except QueryError as error:
+        if not request.step_rows:
+            raise
+        raise QueryError("step_rows", f"{error}; or fewer steps: a step_pattern (--steps REGEX)") from None
     return query_pb2.JobResponse(
         notes=answer.notes, generation=answer.generation,
         **{name: query_pb2.Table(arrow_ipc=data, rows=tables[name].num_rows)  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ from query.jobassemble import choose_ranks
 from query.jobcollectives import Alignment, Collective, align, collective_rows, matched
 from query.jobparts import Intervals, covered, step_parts
 from query.jobstragglers import false_positive_rate
+from tests.conftest import small_limits
 from tests.helpers import request
 from tests.job_trace import ALLREDUCE_BYTES, MS, JobSpec, build
 from tracehouse.cli.main import main
@@ -195,3 +196,14 @@ def test_alignment_takes_the_tighter_of_collective_ends_and_agent_offsets_and_sa
     )
     rows = collective_rows(matched(per_rank), aligned)
     assert rows[0]["count"] == 10 and rows[0]["arrival_skew_ns"] == 0  # host b's 50 ms taken out
+
+
+@pytest.mark.parametrize("limits", [small_limits(max_answer_bytes=24_000)])
+def test_step_rows_past_the_answer_bound_are_refused_with_the_way_to_fewer(address: str, client: Client) -> None:
+    _store(address, JobSpec(job="big"))
+    assert len(client.job("big").ranks) == 8  # the view alone fits
+    with pytest.raises(QueryFailed) as failed:
+        client.job("big", step_rows=True)
+    assert failed.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "step_rows" in failed.value.message and "--steps REGEX" in failed.value.message
+    assert len(client.job("big", steps="^3[0-9]$", step_rows=True).steps) == 8 * 10
