@@ -207,3 +207,21 @@ def test_step_rows_past_the_answer_bound_are_refused_with_the_way_to_fewer(addre
     assert failed.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "step_rows" in failed.value.message and "--steps REGEX" in failed.value.message
     assert len(client.job("big", steps="^3[0-9]$", step_rows=True).steps) == 8 * 10
+
+
+def test_the_job_page_draws_ranks_by_steps_and_names_the_straggler(
+    address: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_ui import figure_of, open_app, texts
+
+    _store(address, JobSpec(job="ui-job"))
+    app = open_app(address, monkeypatch, "job", job="ui-job")
+    assert "rank 5, steps 10\\-19" in texts(app.markdown)
+    heat = figure_of(app)["data"][0]
+    assert np.asarray(heat["z"]).shape == (8, 40)
+    assert list(heat["y"]) == list(range(8))
+    z = np.asarray(heat["z"])
+    assert np.ptp(z[:, 10:20], axis=0).max() < 1  # step time: every rank waits for the slowest
+    app.radio[0].set_value("compute").run()
+    z = np.asarray(figure_of(app)["data"][0]["z"])
+    assert z[5, 10:20].min() > z[4, 10:20].max() + 15  # rank 5 computes 20 ms longer there

@@ -65,36 +65,8 @@ def _frames(view: JobView) -> dict[str, pd.DataFrame]:
     return frames
 
 
-def headline(view: JobView) -> list[str]:
-    """A line for the job, and one per straggler: its loss, cause and telemetry, in human units."""
-    from tracehouse.units import duration, metric_value
-
-    ranks = view.ranks
-    hosts = ranks["host"].nunique() if not ranks.empty else 0
-    lines = [f"job: {len(ranks)} ranks on {hosts} host(s); {len(view.stragglers)} straggler(s)"]
-    for row in view.stragglers.to_dict(orient="records")[:TABLE_ROWS]:
-        share = row["lost_ns"] / row["job_ns"] if row["job_ns"] else 0.0
-        growth = row[f"{row['cause']}_growth_ns"]
-        lines.append(
-            f"rank {row['rank']}, steps {row['first_step']}-{row['last_step']} ({row['slow_steps']} slow): "
-            f"the job lost {duration(row['lost_ns'])} of {duration(row['job_ns'])} ({share:.1%}); "
-            f"cause: {row['cause']} (+{duration(growth)} a step over its peers)"
-        )
-        said = view.telemetry[
-            (view.telemetry["rank"] == row["rank"]) & (view.telemetry["first_step"] == row["first_step"])
-        ]
-        for t in said.to_dict(orient="records"):
-            if t["metric"] == "gpu.throttle_reasons":
-                lines.append(f"  throttle reasons: {t['detail']}")
-            elif t["rank_mean"] is not None and t["peers_mean"] is not None:
-                lines.append(
-                    f"  {t['metric']}: {metric_value(t['metric'], t['rank_mean'])} beside its peers' "
-                    f"{metric_value(t['metric'], t['peers_mean'])}"
-                )
-    return lines
-
-
 def _print(view: JobView, args: argparse.Namespace) -> None:
+    from query.jobclient import headline
     from tracehouse.cli.output import _as_ns, _jsonable, render_many, table_text
 
     frames = _frames(view)
