@@ -11,6 +11,7 @@ import pytest
 import tracehouse
 from agent.traces.kineto_synthetic import KinetoSpec, write_trace
 from query.client import Client
+from tests.conftest import FIXTURES
 from tests.test_run import python, tracehouse_run
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli.main import main
@@ -86,3 +87,22 @@ def test_import_job_takes_the_rank_from_distributed_info_else_the_file_order(
     assert (view.ranks["mean_compute_ns"] > 0).all()  # its kernels
     assert main(["import", "--job", "bad id!", str(first), "--server", address]) == 2
     assert "--job: 'bad id!' is not a job id" in capsys.readouterr().err
+
+
+def test_real_kineto_traces_as_a_job_say_their_duplicate_ranks_and_missing_peers(
+    address: str, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = FIXTURES / "kineto"
+    alexnet = folder / "critical_path_alexnet_benchmark_result_2869224_1695835535_trace.json.gz"
+    sampled = folder / "trace_filter_sampled_rank-0.json.gz"
+    if not (alexnet.exists() and sampled.exists()):
+        pytest.skip("the Kineto fixtures are not here")
+    # both say rank 0 in distributedInfo; the second, of a job of 128 ranks on NCCL
+    assert main(["import", "--job", "real", str(alexnet), str(sampled), "--server", address]) == 0
+    capsys.readouterr()
+    view = client.job("real")
+    notes = "\n".join(view.notes)
+    assert "rank 0 is claimed by 2 runs" in notes
+    assert "127 rank(s) of 128 have no run" in notes
+    assert "a job of 1 rank(s) with steps" in notes or "a job of 0 rank(s)" in notes
+    assert list(view.ranks["rank"]) == [0] and view.stragglers.empty
