@@ -217,10 +217,21 @@ def assemble(
     append("jobs", jobs)  # last: its rows say the generation is whole
 
 
+def forget_others(job: str, generation: str) -> list[tuple[str, dict[str, Any]]]:
+    """DELETEs of the job's rows of other generations than `generation` (never read again): only where one
+    process assembles (on a shared store another could be assembling them now)."""
+    return [(f"DELETE FROM {{db}}.{table} WHERE job = {{job:String}} AND generation != {{generation:String}}",
+             {"job": job, "generation": generation}) for table in ("job_steps", "job_collectives", "jobs")]  # fmt: skip
+
+
 def ensure_assembled(
-    query: Query, append: Callable[[str, pa.Table], None], job: str
+    query: Query,
+    append: Callable[[str, pa.Table], None],
+    job: str,
+    forget: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The job's generation, assembled now if it is new; and its runs (empty: no run names the job)."""
+    """The job's generation, assembled now if it is new; and its runs (empty: no run names the job).
+    `forget`: runs forget_others' statements once a new generation is whole."""
     runs, steps = job_runs(query, job)
     if not runs:
         return "", runs
@@ -228,4 +239,7 @@ def ensure_assembled(
     with _LOCKS[job]:
         if not query(GENERATION_SQL, {"job": job, "generation": generation}).column("n")[0].as_py():
             assemble(query, append, job, runs, steps, generation)
+            if forget is not None:
+                for statement in forget_others(job, generation):
+                    forget(*statement)
     return generation, runs

@@ -20,7 +20,8 @@ def job_response(store: Store, request: query_pb2.JobRequest, within: Callable[[
         check_job_id(request.job)
     except JobError as error:
         raise QueryError("job", str(error).removeprefix("job: ")) from None
-    answer = job_view(store.query, store.append, request.job, request.step_pattern, request.step_rows)
+    forget = store.execute if store.sole_writer else None
+    answer = job_view(store.query, store.append, request.job, request.step_pattern, request.step_rows, forget)
     tables: dict[str, pa.Table | None] = {
         "ranks": answer.ranks, "stragglers": answer.stragglers, "telemetry": answer.telemetry,
         "collectives": answer.collectives, "steps": answer.steps,

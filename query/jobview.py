@@ -195,10 +195,12 @@ TELEMETRY_SCHEMA = pa.schema([
 
 
 def job_view(query: jobassemble.Query, append: Callable[[str, pa.Table], None], job: str, step_pattern: str = "",
-             step_rows: bool = False) -> JobAnswer:  # fmt: skip
-    """The job view of `job` (see the module's docstring); RunNotFound when no run names it."""
+             step_rows: bool = False, forget: Callable[[str, dict[str, Any]], None] | None = None,
+             ) -> JobAnswer:  # fmt: skip
+    """The job view of `job` (see the module's docstring); RunNotFound when no run names it. `forget`:
+    deletes the job's rows of older generations (jobassemble.ensure_assembled)."""
     keep = step_filter(step_pattern) if step_pattern else None
-    generation, runs = jobassemble.ensure_assembled(query, append, job)
+    generation, runs = jobassemble.ensure_assembled(query, append, job, forget)
     if not runs:
         raise RunNotFound(f"no run names the job {job!r} (runs name it with --job, job=, or the launcher's variables)")
     params = {"job": job, "generation": generation}

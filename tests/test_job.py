@@ -14,9 +14,11 @@ from query.jobassemble import choose_ranks
 from query.jobcollectives import Alignment, Collective, align, collective_rows, matched
 from query.jobparts import Intervals, covered, step_parts
 from query.jobstragglers import false_positive_rate
+from store.store import Store
 from tests.conftest import small_limits
 from tests.helpers import request
-from tests.job_trace import ALLREDUCE_BYTES, MS, JobSpec, build
+from tests.job_trace import ALLREDUCE_BYTES, MS, T0, JobSpec, build
+from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.jobs import import_membership, job_from_environment
 from tracehouse.v1 import ingest_pb2_grpc
@@ -225,3 +227,20 @@ def test_the_job_page_draws_ranks_by_steps_and_names_the_straggler(
     app.radio[0].set_value("compute").run()
     z = np.asarray(figure_of(app)["data"][0]["z"])
     assert z[5, 10:20].min() > z[4, 10:20].max() + 15  # rank 5 computes 20 ms longer there
+
+
+def test_a_job_that_changed_is_assembled_again_and_its_old_rows_forgotten(
+    address: str, client: Client, store: Store
+) -> None:
+    _store(address, JobSpec(job="grows", ranks=4, steps=12, slow_rank=None, host_offsets_ns={}))
+    first = client.job("grows")
+    more = BatchBuilder("grows-rank0/more", run_id="grows-rank0", host="node-0")
+    more.add_events("step", [T0 + 10**12], [T0 + 10**12 + MS], "step", extras=[{"step": "99"}], tid=1)
+    with grpc.insecure_channel(address) as channel:
+        ingest_pb2_grpc.IngestStub(channel).Write(request(more), timeout=60)
+    second = client.job("grows")
+    assert second.generation != first.generation
+    assert any("rank 1 lacks 1 of 13 steps (99)" in note for note in second.notes)
+    for table in ("jobs", "job_steps", "job_collectives"):
+        left = store.query(f"SELECT DISTINCT generation FROM {{db}}.{table} WHERE job = 'grows'").column(0)
+        assert left.to_pylist() == [second.generation], table
