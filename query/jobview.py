@@ -31,6 +31,7 @@ from tracehouse.metrics import (
 from tracehouse.requesterrors import QueryError, RunNotFound
 
 MAX_PEERS = 64
+TELEMETRY_TOLD = 5  # stragglers whose telemetry is read, the costliest first
 MAX_STEP_PATTERN = 1024
 TELEMETRY = (GPU_SM_CLOCK, GPU_POWER, GPU_TEMP, GPU_THROTTLE, GPU_UTIL, GPU_PCIE_TX, GPU_PCIE_RX)
 # NVML's clock-event (throttle) reasons, as the bits of gpu.throttle_reasons
@@ -229,7 +230,7 @@ def job_view(query: jobassemble.Query, append: Callable[[str, pa.Table], None], 
     by_rank = {r["rank"]: r for r in ranks}
     telemetry = []
     step_col = steps.column("step").to_numpy()
-    for straggler in found[:10]:
+    for straggler in found[:TELEMETRY_TOLD]:
         inside = (step_col >= straggler.first_step) & (step_col <= straggler.last_step)
         starts = steps.column("start_ns").to_numpy()[inside]
         span = (int(starts.min()), int((starts + steps.column("dur_ns").to_numpy()[inside]).max()))
