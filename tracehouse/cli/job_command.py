@@ -13,6 +13,7 @@ from tracehouse.cli.options import (
     _add_client_security,
     _add_server_option,
     _client_security,
+    _seconds,
 )
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def _add_job(commands: Any) -> None:
     job.add_argument("--step-rows", action="store_true", help="also print every rank's steps (json, csv)")
     job.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table",
                      help="table or markdown for people; json or csv for programs (exact ns, bytes)")  # fmt: skip
-    job.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the answer")
+    job.add_argument("--timeout", type=_seconds, default=120.0, help="seconds to wait for the answer")
     _add_server_option(job)
     _add_client_security(job)
 
