@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from query import jobcollectives as jc
 from query.jobparts import COLLECTIVE, GPU_KINDS, HOST_KINDS, Intervals, classify, step_parts
@@ -37,13 +38,16 @@ STEP_COUNTS_SQL = """
 SELECT run_id, count() AS n, toUnixTimestamp64Nano(max(end)) AS last
 FROM {db}.events WHERE run_id IN {runs:Array(String)} AND kind = 'step' GROUP BY run_id"""
 GENERATION_SQL = "SELECT count() AS n FROM {db}.jobs WHERE job = {job:String} AND generation = {generation:String}"
+# the ranks' events, a batch of runs at once: the events' sort key is not the run, so each query scans the
+# hosts' events of these kinds whatever runs it asks for; each run's rows at most MAX_EVENTS_PER_RANK
 EVENTS_SQL = f"""
-SELECT kind, name, toUnixTimestamp64Nano(start) AS s, toUnixTimestamp64Nano(end) AS e, depth, gpu, bytes,
+SELECT run_id, kind, name, toUnixTimestamp64Nano(start) AS s, toUnixTimestamp64Nano(end) AS e, depth, gpu, bytes,
        toInt64OrNull(extras['step']) AS step
 FROM {{db}}.events
-WHERE run_id = {{run:String}} AND (kind = 'step' OR kind IN {tuple(sorted(GPU_KINDS))}
+WHERE run_id IN {{runs:Array(String)}} AND (kind = 'step' OR kind IN {tuple(sorted(GPU_KINDS))}
       OR (kind IN {tuple(sorted(HOST_KINDS))} AND depth <= 2))
-ORDER BY start LIMIT {MAX_EVENTS_PER_RANK}"""
+ORDER BY run_id, start LIMIT {MAX_EVENTS_PER_RANK} BY run_id"""
+BATCH_RANKS = 128
 OFFSETS_SQL = f"""
 SELECT host, groupArray(value) AS offsets FROM {{db}}.samples
 WHERE metric = '{CLOCK_OFFSET_METRIC}' AND host IN {{hosts:Array(String)}}
@@ -122,8 +126,20 @@ class RankData:
     gpu: int
 
 
-def read_rank(query: Query, rank: Rank) -> RankData:
-    table = query(EVENTS_SQL, {"run": rank.run_id})
+def read_ranks(query: Query, ranks: Sequence[Rank]) -> dict[int, RankData]:
+    """Each rank's data, its run's events read BATCH_RANKS runs a query."""
+    found = {}
+    for at in range(0, len(ranks), BATCH_RANKS):
+        batch = ranks[at : at + BATCH_RANKS]
+        table = query(EVENTS_SQL, {"runs": [rank.run_id for rank in batch]})
+        run_ids = table.column("run_id").cast(pa.string())
+        for rank in batch:
+            found[rank.rank] = rank_data(table.filter(pc.equal(run_ids, rank.run_id)), rank)
+    return found
+
+
+def rank_data(table: pa.Table, rank: Rank) -> RankData:
+    """What `table`, the rank's events in the order they start, says of its steps, collectives and GPU."""
     kinds, names = table.column("kind").to_pylist(), table.column("name").to_pylist()
     start, end = table.column("s").to_numpy(), table.column("e").to_numpy()
     depth = table.column("depth").to_numpy()
@@ -178,7 +194,7 @@ def assemble(
 ) -> None:  # fmt: skip
     """Read every rank's run and store the job's ranks and steps under `generation`."""
     ranks, notes = choose_ranks(runs, {k: v[0] for k, v in steps.items()})
-    data = {rank.rank: read_rank(query, rank) for rank in ranks}
+    data = read_ranks(query, ranks)
     hosts = {rank.rank: rank.host for rank in ranks}
     starts = [r["start_ns"] for r in runs]
     offsets = agent_offsets(query, sorted(set(hosts.values())), min(starts) - 600 * 10**9,
