@@ -244,3 +244,15 @@ def test_a_job_that_changed_is_assembled_again_and_its_old_rows_forgotten(
     for table in ("jobs", "job_steps", "job_collectives"):
         left = store.query(f"SELECT DISTINCT generation FROM {{db}}.{table} WHERE job = 'grows'").column(0)
         assert left.to_pylist() == [second.generation], table
+
+
+def test_a_job_of_a_launcher_alone_says_so(address: str, client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    launcher = BatchBuilder("launcher/run", run_id="launcher", host="node-0")
+    launcher.add_run("launcher", name="torchrun", host="node-0", start=T0, end=T0 + 10**9, attrs={"job": "lonely"})
+    with grpc.insecure_channel(address) as channel:
+        ingest_pb2_grpc.IngestStub(channel).Write(request(launcher), timeout=60)
+    view = client.job("lonely")
+    assert view.ranks.empty and view.stragglers.empty
+    assert "run launcher names the job but no rank (a launcher?): left out" in view.notes
+    assert main(["job", "lonely", "--server", address]) == 0
+    assert "job: 0 ranks on 0 host(s); 0 straggler(s)" in capsys.readouterr().out
