@@ -106,3 +106,36 @@ def test_real_kineto_traces_as_a_job_say_their_duplicate_ranks_and_missing_peers
     assert "127 rank(s) of 128 have no run" in notes
     assert "a job of 1 rank(s) with steps" in notes or "a job of 0 rank(s)" in notes
     assert list(view.ranks["rank"]) == [0] and view.stragglers.empty
+
+
+def _with_allreduces(path: Path, rank: int, steps: int, kernels: int, late_ns: int) -> None:
+    """A synthetic Kineto trace of `rank` of 2, an NCCL all-reduce kernel ending each step, as PyTorch 2.2 on
+    writes them: 1 Mi floats in and out."""
+    write_trace(path, KinetoSpec(steps=steps, kernels_per_step=kernels, gzip=False))
+    step_ns = (kernels + 4) * 20_000
+    events = []
+    for step in range(steps):
+        start = 1_000_000 + step * step_ns + 100_000 + late_ns  # µs from baseTimeNanoseconds, as written
+        events.append(
+            f'{{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", '
+            f'"pid": 0, "tid": 9, "ts": {start / 1000:.3f}, "dur": {(40_000 - late_ns) / 1000:.3f}, "args": '
+            '{"device": 0, "stream": 9, "correlation": 1, "In msg nelems": 1048576, "Out msg nelems": 1048576, '
+            '"dtype": "Float", "Group size": 2}}'
+        )
+    text = path.read_text().replace('"rank": 0, "world_size": 1', f'"rank": {rank}, "world_size": 2')
+    path.write_text(text.replace('"traceEvents": [', '"traceEvents": [\n  ' + ",\n  ".join(events) + ",", 1))
+
+
+def test_kineto_collectives_carry_their_bytes_into_the_job_view(
+    address: str, client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = [tmp_path / "r0.json", tmp_path / "r1.json"]
+    _with_allreduces(files[0], 0, 6, 5, 0)
+    _with_allreduces(files[1], 1, 6, 5, 5_000)  # rank 1 arrives 5 µs later
+    assert main(["import", "--job", "nccl", "--host", "node-a", *map(str, files), "--server", address]) == 0
+    capsys.readouterr()
+    row = client.job("nccl").collectives.iloc[0]
+    assert (row["kind"], row["bytes"], row["count"], row["ranks"]) == ("all_reduce", 4 << 20, 6, 2)
+    assert (row["last_rank"], row["last_rank_count"], row["arrival_skew_ns"]) == (1, 6, 5_000)
+    assert row["algbw_bytes_per_s"] == round((4 << 20) * 1e9 / 35_000)  # from the last arrival to the end
+    assert row["busbw_bytes_per_s"] == row["algbw_bytes_per_s"]  # 2 (n - 1) / n = 1 for two ranks
