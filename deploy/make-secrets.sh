@@ -16,7 +16,7 @@
 # version of this script makes); delete deploy/secrets/ to start over (and restart everything,
 # since the ClickHouse volume keeps the old password).
 #
-# A write token bound to a host writes only that host's rows and runs (README, Security). On
+# A write token bound to a host writes only that host's rows and runs (docs/how-to/security.md). On
 # more GPU hosts, give each agent its own line, made on the server:
 #   tracehouse token --scope write --hosts gpu-17 >> tokens    # then the TOKEN alone to gpu-17
 #

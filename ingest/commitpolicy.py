@@ -15,12 +15,14 @@ DEFAULT_MAX_ROWS = INSERT_BLOCK_ROWS  # a full group is one insert, one part
 @dataclass(frozen=True)
 class CommitPolicy:
     """When a group is stored: `interval_s` after the one before, or once `max_rows` rows wait; and
-    when a writer is answered at the latest, once its group is claimed: `answer_within_s` (None: only
-    once stored)."""
+    when a writer is answered at the latest, once its group is claimed: `answer_within_s` after (0: at
+    the claim; None: only once stored). Answered at the claim, writers send their next batch while the
+    groups before store, so groups grow with the load: `bench ingest` stored a value for 1.0-1.1 µs of
+    CPU so, 1.45 µs answered once stored (groups of one batch each, their fixed costs unshared)."""
 
     interval_s: float = DEFAULT_INTERVAL_S
     max_rows: int = DEFAULT_MAX_ROWS
-    answer_within_s: float | None = None
+    answer_within_s: float | None = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.interval_s <= 60:

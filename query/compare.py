@@ -20,6 +20,7 @@ PROCESS_METRICS = (PROC_SM_UTIL, PROC_GPU_MEM)  # per-process series (pid of one
 # a run's span is cut into buckets of at least this width to meet its host's samples (an equi-join)
 MIN_COMPARE_BUCKET_NS = NS_PER_S
 MAX_COMPARE_BUCKETS = 1_000_000  # bucket rows of all the runs together
+TOP_NAME_CHARS = 4096  # a top kernel's name is read whole up to this (real templated names pass 1 KiB)
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def compare_traced(spans: Sequence[CompareSpan], top: int) -> Query:
     """Per run with GPU work (kernels, memory operations) of its own: the GPUs it ran on
     (`worked`), busy % (the union of the work's intervals per GPU, clipped to the run, over the
     run's duration times its GPUs with work), kernels, and the `top` kernel names by total time
-    with their share of it."""
+    (`top_names`, whole up to TOP_NAME_CHARS) with their share of it in % (`top_shares`)."""
     wanted, params = _wanted(spans)
     mine = "host IN {hosts:Array(String)} AND run_id IN {run_ids:Array(String)}"
     work = f"""
@@ -241,10 +242,8 @@ kernel_runs AS (
 SELECT w.run_id AS run_id, b.gpus AS worked,
        if(b.work_gpus > 0 AND w.e > w.s, 100 * toFloat64(b.busy_ns) / ((w.e - w.s) * b.work_gpus), NULL) AS busy_pct,
        k.instances AS kernels,
-       if(k.instances > 0,
-          arrayStringConcat(arrayMap(x -> printf('%s (%.1f%%)', substringUTF8(x.2, 1, 80),
-                                                 if(k.kernel_ns > 0, -100 * x.1 / k.kernel_ns, 0)), k.longest), '; '),
-          NULL) AS top_kernels
+       if(k.instances > 0, arrayMap(x -> substringUTF8(x.2, 1, {TOP_NAME_CHARS}), k.longest), []) AS top_names,
+       if(k.instances > 0, arrayMap(x -> if(k.kernel_ns > 0, -100 * x.1 / k.kernel_ns, 0), k.longest), []) AS top_shares
 FROM wanted AS w
 LEFT JOIN busy AS b ON b.run_id = w.run_id
 LEFT JOIN kernel_runs AS k ON k.run_id = w.run_id"""

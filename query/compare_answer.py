@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from query.compare import CompareSpan, compare_telemetry, compare_traced
 from query.rungpus import indices_text, listed_gpus, recorded_count, run_gpus
+from tracehouse.shortnames import unique_short_names
 
 Rows = Callable[[str, dict[str, object]], list[dict[str, Any]]]  # a query's text and parameters -> its rows
 
@@ -20,6 +21,7 @@ COMPARE_SCHEMA = pa.schema([
     ("energy_j", pa.float64()), ("gpu_util_mean", pa.float64()), ("gpu_util_p95", pa.float64()),
     ("sm_active_mean", pa.float64()), ("proc_sm_util_mean", pa.float64()), ("gpu_mem_peak_bytes", pa.int64()),
     ("busy_pct", pa.float64()), ("kernels", pa.int64()), ("top_kernels", pa.string()),
+    ("top_kernels_full", pa.string()),
 ])  # fmt: skip
 TELEMETRY_COLUMNS = (
     "energy_j", "gpu_util_mean", "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes",
@@ -50,6 +52,14 @@ def _by_run(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {row["run_id"]: row for row in found}
 
 
+def top_kernels(names: list[str], shares: list[float], labels: Mapping[str, str]) -> str | None:
+    """'gemm (53.3%); softmax (26.7%)': each name as `labels` has it (unique_short_names over every
+    run's top names, so that a kernel reads alike in each row), None without kernels."""
+    if not names:
+        return None
+    return "; ".join(f"{labels.get(name, name)} ({share:.1f}%)" for name, share in zip(names, shares, strict=True))
+
+
 def _exit_code(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
@@ -66,6 +76,7 @@ def _table(
 ) -> pa.Table:
     """One row per run, in the order given, then a `tag.<key>` column per tag key of any of them."""
     keys = sorted({key for run in runs for key, _ in run["tags"]})
+    labels = unique_short_names(name for work in traced.values() for name in work.get("top_names") or ())
     rows = []
     for run in runs:
         run_id, attrs, tags = run["run_id"], dict(run["attrs"]), dict(run["tags"])
@@ -83,7 +94,8 @@ def _table(
             **{column: figures.get(column) for column in TELEMETRY_COLUMNS},
             "busy_pct": work.get("busy_pct"),
             "kernels": work.get("kernels") or 0,
-            "top_kernels": work.get("top_kernels"),
+            "top_kernels": top_kernels(work.get("top_names") or [], work.get("top_shares") or [], labels),
+            "top_kernels_full": top_kernels(work.get("top_names") or [], work.get("top_shares") or [], {}),
             **{f"tag.{key}": tags.get(key) for key in keys},
         })  # fmt: skip
     schema = COMPARE_SCHEMA

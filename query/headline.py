@@ -13,11 +13,11 @@ import pandas as pd
 
 from tracehouse.model import SUM_CAP_NS
 from tracehouse.readable import for_people
-from tracehouse.shortnames import unique_short_names
+from tracehouse.shortnames import DEFAULT_WIDTH, unique_short_names
 from tracehouse.units import count, duration, missing, number, percent, seconds, size
 
 BIGGEST = 3  # changes named in the sentence
-NAME_WIDTH = 48
+NAME_WIDTH = DEFAULT_WIDTH  # as every table and chart: the same kernel reads the same
 SAME_PCT = 0.05  # durations closer than this (in %) read as equal: their rounded difference is 0.0 %
 MINUS = "-"
 

@@ -1,13 +1,18 @@
 """A run's GPUs: one definition for every answer and page. Pure.
 
 How many GPUs a run has (`gpus`) is what the run recorded: the indices a `tracehouse run` user
-listed (`--gpus 0,1`), else the count an importer or agent stored in the run's attrs (the trace's
-GPUs, the GPUs sampled), else the devices registered under the run. Which ones (`gpu_indices`) is
-the first of these with that many GPUs: the listed indices, the devices registered under the run,
-the GPUs its own GPU work ran on, and the GPUs its telemetry shows (those its processes have
-samples on, else its host's GPUs with samples during it). A run that recorded nothing gets the
-first of those lists that is not empty. (The devices table keeps one row per host, GPU and UUID,
-naming the run that described it last: an earlier run's registration can be lost, its count not.)
+listed (`--gpus 0,1`), else the count an importer or agent stored in the run's attrs (a trace's: the
+GPUs its work or telemetry touched, not every GPU it describes; the GPUs sampled), else the devices
+registered under the run. Which ones (`gpu_indices`) is the first of `candidates` with that many GPUs:
+for a trace, the GPUs its own GPU work ran on, then the devices it describes; for another run, the
+listed indices, the devices registered under it, the GPUs its own GPU work ran on; then the GPUs its
+telemetry shows (those its processes have samples on, else its host's GPUs with samples during it).
+A run that recorded nothing gets the first of those lists that is not empty. (A trace imported before
+`gpus` counted the GPUs it touched, with no `gpus_described` attr, counted every GPU it describes:
+importing it again counts anew.)
+(The devices table keeps one row per host, GPU and UUID, naming the run that described it last: an
+earlier run's registration can be lost, its count not. A trace that names no host is filed under a
+host of its own, its run id: agent/traces/importer.filed_under.)
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import pandas as pd
 from tracehouse.model import DEFAULT_LIMITS
 
 MAX_INDEX = DEFAULT_LIMITS.max_gpu_index
+TRACED = ("nsys", "kineto")
+# in a trace's attrs since tracehouse counted the GPUs its work or telemetry touched as `gpus`
+# (agent/traces/importer.py): how many the trace describes
+DESCRIBED = "gpus_described"
 MAX_COMPARED = 100  # runs that recorded no GPUs: compare finds theirs, for this many at most
 
 
@@ -64,7 +73,20 @@ def recorded_count(source: str, attrs: Mapping[str, str], registered: Sequence[i
     stored = attrs.get("gpus", "").strip()
     if source != "user" and _small_number(stored) and 0 < int(stored) <= MAX_INDEX + 1:
         return int(stored)
+    if source in TRACED and stored == "0" and DESCRIBED in attrs:  # a trace whose work touched no GPU
+        return 0
     return len(set(registered)) or None
+
+
+def candidates(
+    source: str, attrs: Mapping[str, str], registered: Sequence[int], worked: Sequence[int]
+) -> tuple[Sequence[int], ...]:
+    """The lists run_gpus picks a run's GPUs from, in order: a trace's are the GPUs its work ran on
+    before the devices it describes (Kineto's deviceProperties lists all of its host's); another run's
+    the indices listed, the devices registered under it, then its GPU work."""
+    if source in TRACED:
+        return (worked, registered)
+    return (listed_gpus(source, attrs), registered, worked)
 
 
 def run_gpus(count: int | None, candidates: Iterable[Sequence[int]]) -> tuple[int, ...]:

@@ -3,14 +3,18 @@ in (steps, GPU work, telemetry), three tables out: the measures with their inter
 the parts of the step-time difference, and the runs with the steps each gave.
 
 Steps are, per run: its steps (the training API's, Kineto's `ProfilerStep#N`), else its NVTX
-ranges whose names match the step pattern (the outermost, on the thread with the most), else
-whole windows of fixed length over the run. Warm-up is left out per run (query/verdict_stats.py)."""
+ranges whose names match the step pattern (the outermost, on the thread with the most). Where
+any run has neither, every run is cut into equal windows that cover it whole (a step of one run
+beside a window of the other measures two different things; a window that leaves out part of a
+run leaves out its work), and only what windows can tell is measured: GPU busy and telemetry.
+Warm-up is left out per run (query/verdict_stats.py). A difference below the clock's resolution
+(RESOLUTION_NS) is none."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +22,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from query.gpuwork import NS
-from query.verdict_stats import Difference, Group, absolute_difference, group_of, relative_difference, warmup_steps
+from query.verdict_stats import (
+    NO_CHANGE,
+    Difference,
+    Group,
+    absolute_difference,
+    group_of,
+    relative_difference,
+    warmup_steps,
+)
 from query.verdict_steps import (
     MAX_PARTS,
     MEMORY_PARTS,
@@ -45,6 +57,9 @@ DEFAULT_WINDOW_NS = 10_000_000_000
 DEFAULT_MIN_EFFECT = 0.02
 MAX_PATTERN_BYTES = 256
 MAX_STEPS = 100_000  # per run: the first ones
+RESOLUTION_NS = 1  # the store's clock: durations differing by less are the same
+MIN_REPEATS = 3  # instances of an NVTX range that make it worth offering as steps
+MAX_REPEATED_NAME = 200  # characters of a range name offered as steps
 MAX_GROUP_RUNS = 100
 MAX_WORK_ROWS = 5_000_000  # GPU work and API calls of every run together; past it, no parts
 BATCH_KEYS = ("batch_size", "batch")  # tags or attrs that declare items per step
@@ -99,6 +114,8 @@ class RunEvidence:
     steps: Steps
     dropped: int
     batch: float | None
+    has_steps: bool = True  # whether the run has steps of its own (windows may be used all the same)
+    repeated: str | None = None  # its NVTX range of most instances, where it has no steps
     busy: np.ndarray | None = None
     parts: dict[str, np.ndarray] | None = None
     phases: dict[str, np.ndarray] | None = None
@@ -120,6 +137,16 @@ def _phases_sql() -> str:
 SELECT run_id, pid, tid, name, {NS}(start) AS s, {NS}(end) AS e FROM {{db}}.events
 WHERE run_id IN {{run_ids:Array(String)}} AND kind IN ('phase', 'nvtx') AND end > start
 ORDER BY run_id, s LIMIT {MAX_STEPS * 16} BY run_id"""
+
+
+def _repeated_sql() -> str:
+    """Per run, its NVTX range name of most instances (at least MIN_REPEATS; short enough to paste):
+    what --steps could name where the run has no steps."""
+    return f"""
+SELECT run_id, name, count() AS n FROM {{db}}.events
+WHERE run_id IN {{run_ids:Array(String)}} AND kind = 'nvtx' AND end > start AND length(name) <= {MAX_REPEATED_NAME}
+GROUP BY run_id, name HAVING n >= {MIN_REPEATS}
+ORDER BY run_id, n DESC, name LIMIT 1 BY run_id"""
 
 
 def _top_kernels_sql() -> str:
@@ -154,8 +181,9 @@ WHERE host = {{host:String}} AND gpu IN {{gpus:Array(Int16)}} AND pid = 0
 ORDER BY gpu, series, t"""
 
 
-def _pick_steps(found: pa.Table, run: Mapping[str, Any], options: VerdictOptions) -> Steps:
-    """The run's steps: step events, else pattern-matching NVTX ranges; on the thread with the most."""
+def _pick_steps(found: pa.Table, options: VerdictOptions) -> Steps | None:
+    """The run's steps: step events, else pattern-matching NVTX ranges; on the thread with the most.
+    None: it has neither."""
     kinds = found.column("kind").to_numpy(zero_copy_only=False) if found.num_rows else np.zeros(0, object)
     for kind, source in (("step", "steps"), ("nvtx", f"NVTX ranges matching {options.step_pattern!r}")):
         rows = found.filter(pa.array(kinds == kind)) if found.num_rows else found
@@ -168,7 +196,30 @@ def _pick_steps(found: pa.Table, run: Mapping[str, Any], options: VerdictOptions
         keep = outermost(s, e)
         pid, tid = rows.column("pid").to_numpy()[mine][0], rows.column("tid").to_numpy()[mine][0]
         return Steps(s[keep][:MAX_STEPS], e[keep][:MAX_STEPS], source, (int(pid), int(tid)))
-    return windows(int(run["start_ns"]), int(run["until_ns"]), options.window_ns)
+    return None
+
+
+def _windows(run: Mapping[str, Any], options: VerdictOptions) -> Steps:
+    return windows(int(run["start_ns"]), int(run["until_ns"]), options.window_ns, MAX_STEPS)
+
+
+def _label(run: Mapping[str, Any]) -> str:
+    return str(run["name"] or run["run_id"])
+
+
+def _windows_note(stepless: Sequence[str], runs: int, options: VerdictOptions) -> str:
+    """Why the runs are compared in windows, and what names steps instead."""
+    shown = ", ".join(repr(name[:80]) for name in stepless[:3]) + (f" and {len(stepless) - 3} more"
+                                                                   if len(stepless) > 3 else "")  # fmt: skip
+    which = (
+        "no run has steps" if len(stepless) == runs else f"{shown} {'has' if len(stepless) == 1 else 'have'} no steps"
+    )
+    pattern = (
+        "named like steps" if options.step_pattern == DEFAULT_STEP_PATTERN else f"matching {options.step_pattern!r}"
+    )
+    return (f"{which} (nor NVTX ranges {pattern}): every run is compared in windows that cover it whole, for "
+            "GPU busy and telemetry only (no step time); --steps REGEX names NVTX ranges as steps, --window "
+            "DURATION sets the windows' length")  # fmt: skip
 
 
 def _batch(run: Mapping[str, Any]) -> float | None:
@@ -206,15 +257,25 @@ def gather(
         name: found_work.column(name).to_numpy() for name in ("run", "gpu", "part", "s", "e", "pid", "tid", "launch")
     }
     ranges = fetch(_phases_sql(), {"run_ids": run_ids})
+    own_steps = [_pick_steps(found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows
+                             else found, options) for _, run in runs]  # fmt: skip
+    stepless = [_label(run) for (_, run), steps in zip(runs, own_steps, strict=True) if steps is None]
+    repeated: dict[str, str] = {}
+    if stepless:
+        notes.append(_windows_note(stepless, len(runs), options))
+        found_ranges = fetch(_repeated_sql(), {"run_ids": run_ids})
+        repeated = dict(zip(found_ranges.column("run_id").to_pylist(), found_ranges.column("name").to_pylist(),
+                            strict=True))  # fmt: skip
     evidence = []
     bounds = np.searchsorted(work["run"], np.arange(1, len(runs) + 2))  # work is in run order: a slice each
     for index, (group, run) in enumerate(runs):
         own_work = {name: column[bounds[index] : bounds[index + 1]] for name, column in work.items()}
-        mine = found.filter(pc.equal(found.column("run_id"), run["run_id"])) if found.num_rows else found
-        steps = _pick_steps(mine, run, options)
+        picked = own_steps[index]
+        steps = picked if picked is not None and not stepless else _windows(run, options)
         dropped = min(len(steps.starts), options.skip if options.skip is not None else warmup_steps(steps.lengths))
         steps = steps.after(dropped)
-        item = RunEvidence(run, group, steps, dropped, _batch(run))
+        item = RunEvidence(run, group, steps, dropped, _batch(run), has_steps=picked is not None,
+                           repeated=repeated.get(run["run_id"]) if picked is None else None)  # fmt: skip
         _figures(item, own_work, names)
         _phases(item, ranges, own_work)
         if not run["relative_time"] and gpus.get(run["run_id"]) and len(steps.starts):
@@ -317,7 +378,7 @@ MEASURES_SCHEMA = pa.schema([
     ("measure", pa.string()), ("unit", pa.string()), ("a", pa.float64()), ("b", pa.float64()),
     ("change", pa.float64()), ("low", pa.float64()), ("high", pa.float64()), ("verdict", pa.string()),
     ("more_runs", pa.int64()), ("runs_a", pa.int64()), ("runs_b", pa.int64()), ("steps_a", pa.int64()),
-    ("steps_b", pa.int64()), ("evidence", pa.string()),
+    ("steps_b", pa.int64()), ("evidence", pa.string()), ("per", pa.string()),
 ])  # fmt: skip
 PARTS_SCHEMA = pa.schema([
     ("part", pa.string()), ("a_ns", pa.float64()), ("b_ns", pa.float64()), ("delta_ns", pa.float64()),
@@ -326,7 +387,8 @@ PARTS_SCHEMA = pa.schema([
 RUNS_SCHEMA = pa.schema([
     ("group", pa.string()), ("run_id", pa.string()), ("name", pa.string()), ("steps_from", pa.string()),
     ("warmup_dropped", pa.int64()), ("steps", pa.int64()), ("mean_step_ns", pa.float64()),
-    ("batch", pa.float64()),
+    ("batch", pa.float64()), ("span_ns", pa.int64()), ("has_steps", pa.bool_()), ("gpu_work", pa.bool_()),
+    ("repeated_range", pa.string()),
 ])  # fmt: skip
 
 
@@ -338,20 +400,23 @@ def measures_table(evidence: Sequence[RunEvidence], options: VerdictOptions) -> 
     batches = {item.group: item.batch for item in evidence}
     if "throughput" in wanted and len(set(batches.values())) > 1:  # per step means less when steps differ
         wanted = ("throughput", *(name for name in wanted if name != "throughput"))
-    windowed = any(item.steps.source.startswith("windows") for item in evidence)
+    windowed = any(item.steps.windows for item in evidence)
     for name in wanted:
         found = {group: _per_run(evidence, group, name) for group in ("A", "B")}
         counts = {group: sum(len(v) for v in values) for group, (values, _) in found.items()}
         # windows of one length: their time and items per window say nothing of the run
+        per = "window" if windowed else "step"
         if not all(counts.values()) or (windowed and name in ("step_time", "throughput")):
             if options.measures:
-                rows.append({"measure": name, "unit": MEASURES[name].unit, "verdict": "not measured"})
+                rows.append({"measure": name, "unit": MEASURES[name].unit, "verdict": "not measured", "per": per})
             continue
         a, b = (group_of(*found[group]) for group in ("A", "B"))
         steps_a, steps_b = counts["A"], counts["B"]
         measure = MEASURES[name]
         diff = relative_difference(a, b, options.min_effect, measure.words, measure.lower_is_better)
-        rows.append(_measure_row(name, measure, diff, a, b, steps_a, steps_b))
+        if measure.unit == "ns" and abs(diff.b - diff.a) < RESOLUTION_NS:  # float noise, not a difference
+            diff = replace(diff, change=0.0, word=NO_CHANGE if diff.low is not None else diff.word)
+        rows.append({**_measure_row(name, measure, diff, a, b, steps_a, steps_b), "per": per})
     return pa.Table.from_pylist(rows, schema=MEASURES_SCHEMA)
 
 
@@ -369,9 +434,11 @@ def parts_table(evidence: Sequence[RunEvidence], by: str = "parts") -> pa.Table:
     """The step-time difference in parts that add up to it (ns per step, B - A, with intervals),
     largest |difference| first: `by` "parts" (kernels, memory operations, GPU idle; empty unless
     every run has GPU work inside its steps) or "phases" (empty unless every run has phases); or
-    "phase_work", the GPU time launched from each phase (which adds up to no step time)."""
+    "phase_work", the GPU time launched from each phase (which adds up to no step time). Windows
+    have no parts."""
     split = {id(item): getattr(item, by) for item in evidence}
-    if not evidence or any(found is None for found in split.values()):
+    # a window's time is no step's: windows of two runs differ in length, and their parts with them
+    if not evidence or any(found is None for found in split.values()) or any(e.steps.windows for e in evidence):
         return PARTS_SCHEMA.empty_table()
     names = sorted({name for found in split.values() for name in found or {}})
     rows: list[dict[str, Any]] = []
@@ -382,6 +449,7 @@ def parts_table(evidence: Sequence[RunEvidence], by: str = "parts") -> pa.Table:
             values = [(split[id(item)] or {}).get(name, np.zeros(len(item.steps.starts))) for item in members]
             sides.append(group_of(values))
         delta, low, high = absolute_difference(*sides)
+        delta = 0.0 if abs(delta) < RESOLUTION_NS else delta  # below the clock: none
         rows.append({"part": name, "a_ns": sides[0].estimate, "b_ns": sides[1].estimate, "delta_ns": delta,
                      "low_ns": low, "high_ns": high})  # fmt: skip
     rows.sort(key=lambda row: (-abs(row["delta_ns"]), row["part"]))
@@ -392,6 +460,8 @@ def runs_table(evidence: Sequence[RunEvidence]) -> pa.Table:
     return pa.Table.from_pylist([
         {"group": item.group, "run_id": item.run["run_id"], "name": item.run["name"], "steps_from": item.steps.source,
          "warmup_dropped": item.dropped, "steps": len(item.steps.starts),
-         "mean_step_ns": float(item.steps.lengths.mean()) if len(item.steps.starts) else None, "batch": item.batch}
+         "mean_step_ns": float(item.steps.lengths.mean()) if len(item.steps.starts) else None, "batch": item.batch,
+         "span_ns": max(0, int(item.run["until_ns"]) - int(item.run["start_ns"])), "has_steps": item.has_steps,
+         "gpu_work": item.busy is not None, "repeated_range": item.repeated}
         for item in evidence
     ], schema=RUNS_SCHEMA)  # fmt: skip

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracehouse.units import duration
+
 IDLE_IN_API = "GPU idle, host in CUDA API"
 IDLE_ELSEWHERE = "GPU idle, host elsewhere"
 MEMORY_PARTS = {"memcpy": "memory copies", "memset": "memory sets"}
@@ -27,12 +29,13 @@ class Steps:
 
     starts: np.ndarray
     ends: np.ndarray
-    source: str  # "steps", "nvtx ranges matching ...", or "windows of ..."
+    source: str  # "steps", "NVTX ranges matching ...", or "12 windows of 8.5 s"
     thread: tuple[int, int] | None = None  # (pid, tid) the steps ran on; None for windows
+    windows: bool = False  # windows cut from the run, not its steps
 
     def after(self, dropped: int) -> Steps:
         """The steps past the first `dropped`."""
-        return Steps(self.starts[dropped:], self.ends[dropped:], self.source, self.thread)
+        return Steps(self.starts[dropped:], self.ends[dropped:], self.source, self.thread, self.windows)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -62,11 +65,19 @@ def outermost(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return keep
 
 
-def windows(start: int, end: int, width: int) -> Steps:
-    """[start, end) cut into whole windows of `width` ns (a last partial window is left out)."""
-    count = max(0, (end - start) // width)
-    starts = start + width * np.arange(count, dtype=np.int64)
-    return Steps(starts, starts + width, f"windows of {width / 1e9:g} s")
+def windows(start: int, end: int, width: int, most: int = 100_000) -> Steps:
+    """[start, end) cut into equal windows about `width` ns long (at most `most`), that cover it
+    whole: none of the run is left out, so no work is (a last partial window would leave out the
+    run's tail, and the work in it)."""
+    span = end - start
+    if span <= 0:
+        return Steps(np.zeros(0, np.int64), np.zeros(0, np.int64), f"windows of {duration(width)}", windows=True)
+    count = int(min(most, max(1, round(span / width))))
+    index = np.arange(count + 1, dtype=np.int64)
+    quotient, remainder = divmod(span, count)
+    edges = start + index * quotient + (index * remainder) // count  # exact: no float on epoch ns
+    plural = "s" if count > 1 else ""
+    return Steps(edges[:-1], edges[1:], f"{count} window{plural} of {duration(span / count)}", windows=True)
 
 
 def _segments(steps: Steps, bounds: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:

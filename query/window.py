@@ -79,13 +79,26 @@ def _common(window: Window, where: Predicates) -> None:
         where.add("gpu IN {gpus:Array(Int16)}", gpus=list(window.gpus))
 
 
+def run_window(run: RunSpan) -> tuple[int | None, int | None]:
+    """A run's window, the one every answer and page uses: [start, end) as the run was recorded (end None
+    while it is open). A run without a wall clock (relative_time) is no exception: its start and end
+    count from its own origin, as its rows do. Busy % over a run is over this, not over the span of its
+    GPU work (compare's and gpu-time's alike). Rows naming a run nobody described (no host, no end) have
+    no window of their own: (None, None)."""
+    if run.relative_time and run.end is None and not run.host:
+        return None, None
+    return run.start, run.end
+
+
 def bounds(window: Window, run: RunSpan | None) -> tuple[int | None, int | None]:
-    """The window's time span, narrowed to the run's."""
+    """The window's time span, narrowed to the run's (run_window)."""
     start, end = window.from_ns, window.to_ns
-    if run is not None and not run.relative_time:
-        start = run.start if start is None else max(start, run.start)
-        if run.end is not None:
-            end = run.end if end is None else min(end, run.end)
+    if run is not None:
+        run_start, run_end = run_window(run)
+        if run_start is not None:
+            start = run_start if start is None else max(start, run_start)
+        if run_end is not None:
+            end = run_end if end is None else min(end, run_end)
     return start, end
 
 

@@ -31,6 +31,10 @@ _READONLY = {164, 497}  # READONLY, ACCESS_DENIED
 _TOO_LARGE = {158, 241, 396}  # TOO_MANY_ROWS, MEMORY_LIMIT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES
 _TIMEOUT = {159, 160}  # TIMEOUT_EXCEEDED, TOO_SLOW
 _SYNTAX_ERROR = 62
+_UNKNOWN_NAMES = {47, 60}  # UNKNOWN_IDENTIFIER, UNKNOWN_TABLE: the answer lists the real ones
+_DESCRIBE = re.compile(r"\s*(DESCRIBE|DESC|SHOW|EXISTS)\b", re.IGNORECASE)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_HINT_COLUMNS = 64  # per table, in a refusal's list of columns
 # Only the wording of an error depends on these: the engine and the subquery wrapping refuse.
 _NOT_A_QUERY = re.compile(
     r"\b(INSERT|DROP|ALTER|TRUNCATE|CREATE|DELETE|UPDATE|RENAME|KILL|SYSTEM|OPTIMIZE|ATTACH|DETACH|GRANT|"
@@ -40,6 +44,11 @@ _NOT_A_QUERY = re.compile(
 _COMMENTS = re.compile(r"(--[^\n]*|/\*.*?\*/)", re.DOTALL)
 _AST_FORMAT = "TabSeparatedRaw"  # one EXPLAIN AST line a row, as the engine wrote it
 _VERSION = re.compile(r"\s*\(version [^)]*\)")
+
+
+class _NamesUnknown(SqlRejected):
+    """A refusal for a name that is not there, or a statement that lists names (DESCRIBE): the
+    store's real columns are added to it."""
 
 
 class UserSql:
@@ -63,8 +72,11 @@ class UserSql:
         text = sqlguard.wrap(sql)
         with self._user_sql_slot():
             started = time.monotonic()
-            self._confine(text, sql, started)
-            data = self._run_user_sql(text, sql, max_rows, started)
+            try:
+                self._confine(text, sql, started)
+                data = self._run_user_sql(text, sql, max_rows, started)
+            except _NamesUnknown as error:  # the real names, with the refusal
+                raise SqlRejected(error.reason, f"{error} {self._columns_hint(sql)}".strip()) from error
         if not data:
             return data, 0, False
         table = pa.ipc.open_stream(data).read_all()
@@ -74,6 +86,24 @@ class UserSql:
         if keep == table.num_rows:
             return data, keep, False
         return ipc_bytes(table.slice(0, keep)), keep, True
+
+    def _columns_hint(self, sql: str) -> str:
+        """The real columns of the store's tables that `sql` names (all its tables' names if none),
+        with what start and end are: for a refusal that named a column or table that is not there."""
+        settings = {"max_execution_time": self.limits.sql_max_seconds, "readonly": 1}
+        try:
+            client = self._connect(settings)
+            try:
+                found = client.query(
+                    "SELECT table, name, type FROM system.columns WHERE database = {db:String} "
+                    "AND NOT startsWith(table, '.') ORDER BY table, position",
+                    parameters={"db": self.location.database},
+                ).result_rows
+            finally:
+                client.close()
+        except (ClickHouseError, OSError):
+            return ""
+        return columns_hint(sql, [(str(t), str(n), str(k)) for t, n, k in found])
 
     @contextlib.contextmanager
     def _user_sql_slot(self) -> Iterator[None]:
@@ -148,6 +178,27 @@ class UserSql:
                 client.close()
 
 
+def columns_hint(sql: str, columns: list[tuple[str, str, str]]) -> str:
+    """'The columns of events: run_id String, …, start DateTime64(9, 'UTC'), …' for the tables that
+    `sql` names (rows of (table, column, type)); the tables' names where it names none of them."""
+    tables: dict[str, list[str]] = {}
+    for table, name, kind in columns:
+        tables.setdefault(table, []).append(f"{name} {kind}")
+    words = {word.lower() for word in _WORD.findall(sql)}
+    named = [table for table in tables if table.lower() in words]
+    if not named:
+        return f"The tables: {', '.join(sorted(tables))}." if tables else ""
+    said = []
+    for table in named:
+        shown = tables[table][:MAX_HINT_COLUMNS]
+        more = len(tables[table]) - len(shown)
+        said.append(f"The columns of {table}: {', '.join(shown)}{f' and {more} more' if more > 0 else ''}.")
+    if any("start DateTime64" in column for table in named for column in tables[table]):
+        said.append("start and end are times, DateTime64(9): toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) "
+                    "AS duration_ns is a duration in ns.")  # fmt: skip
+    return " ".join(said)
+
+
 def ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -178,4 +229,9 @@ def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: floa
         )
     if code in _TOO_LARGE:
         return SqlRejected("too_large", f"query exceeded a size limit: {message}")
+    if code == _SYNTAX_ERROR and _DESCRIBE.match(_COMMENTS.sub(" ", sql)):
+        verb = _DESCRIBE.match(_COMMENTS.sub(" ", sql)).group(1).upper()  # type: ignore[union-attr]
+        message = f"sql: only queries (SELECT, WITH) run here, not {verb}."
+    if code in _UNKNOWN_NAMES or message.startswith("sql: only queries"):
+        return _NamesUnknown("invalid", message)
     return SqlRejected("invalid", message)

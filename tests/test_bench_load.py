@@ -173,6 +173,7 @@ def test_bench_load_writers_stores_every_value_once_and_reports_its_figures() ->
     assert goal["lost"]["met"] and goal["duplicated"]["met"] and not goal["accepted_values_per_s"]["met"]
 
 
+@pytest.mark.slow  # a kill campaign: .ci/run runs it after the default suite
 def test_bench_load_writers_with_serve_killed_loses_nothing_and_stores_nothing_twice() -> None:
     result = bench_fleet(
         3, gpus=1, interval=0.5, seconds=3.0, channels=2, kill_at=1.0, restart_after=1.0, baseline_seconds=0.3

@@ -28,6 +28,7 @@ from tracehouse.cli.demo import load_demo
 from tracehouse.cli.serve import create_server
 from tracehouse.cli.up import start_ui, stop_process
 from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.shortnames import unique_short_names
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TRACEHOUSE_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "test-artifacts")
@@ -44,7 +45,8 @@ window.__painted = [];
 const fillText = CanvasRenderingContext2D.prototype.fillText;
 CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
   const m = this.getTransform(), ratio = window.devicePixelRatio || 1;
-  window.__painted.push({text: String(text), x: (m.a * x + m.e) / ratio, y: (m.d * y + m.f) / ratio});
+  window.__painted.push({text: String(text), x: (m.a * x + m.e) / ratio, y: (m.d * y + m.f) / ratio,
+                         w: this.measureText(String(text)).width * m.a / ratio});
   return fillText.call(this, text, x, y, ...rest);
 };
 """
@@ -65,6 +67,7 @@ class Explorer:
     baseline: str  # the demo's runs
     tuned: str
     cloverleaf: str  # "" without the fixtures
+    address: str = ""  # the server's
 
 
 def free_port() -> int:
@@ -93,7 +96,7 @@ def explorer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Explorer]:
         port = free_port()
         process = start_ui(address, port)
         try:
-            yield Explorer(f"http://127.0.0.1:{port}", runs["demo baseline"], runs["demo tuned"], cloverleaf)
+            yield Explorer(f"http://127.0.0.1:{port}", runs["demo baseline"], runs["demo tuned"], cloverleaf, address)
         finally:
             stop_process(process)
     finally:
@@ -124,7 +127,7 @@ def page(browser: Any) -> Iterator[Any]:
 # -- what a page shows ----------------------------------------------------------------------------
 
 
-def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0) -> None:
+def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0, folder: str = "browser") -> None:
     """Load a page and wait for its tables and charts; fail on an exception or an error box."""
     page.goto(url)
     page.wait_for_selector("h1", timeout=60_000)
@@ -137,13 +140,14 @@ def visit(page: Any, url: str, name: str, tables: int = 0, charts: int = 0) -> N
     assert page.locator("[data-testid='stException']").count() == 0, name
     assert page.locator("[data-testid='stAlertContentError']").count() == 0, name
     assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH, f"{name}: the page scrolls sideways"
-    screenshot(page, name)
+    screenshot(page, name, folder)
 
 
-def screenshot(page: Any, name: str) -> None:
+def screenshot(page: Any, name: str, under: str = "browser") -> None:
     """The whole page, for a person to look at: Streamlit scrolls inside its main pane, so the
-    viewport is made as tall as that pane's content for the picture, then put back."""
-    folder = ARTIFACTS / "browser"
+    viewport is made as tall as that pane's content for the picture, then put back. The docs show
+    those under browser/ (tools/docsite/screenshots.py)."""
+    folder = ARTIFACTS / under
     folder.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
     tall = page.evaluate(
@@ -154,6 +158,16 @@ def screenshot(page: Any, name: str) -> None:
     page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
     page.wait_for_timeout(300)
+
+
+def sideways(page: Any) -> list[int]:
+    """How far each visible grid scrolls sideways, in px (0: every column in view)."""
+    return list(
+        page.evaluate(
+            "[...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
+            ".filter(e => e.offsetParent !== null).map(e => e.scrollWidth - e.clientWidth)"
+        )
+    )
 
 
 def painted(page: Any) -> list[str]:
@@ -207,6 +221,7 @@ def assert_readable(texts: list[str], where: str) -> None:
 def test_the_demo_reads_in_human_units_on_every_page(explorer: Explorer, page: Any) -> None:
     visit(page, explorer.url, "runs", tables=1)
     assert_readable(painted(page), "runs table")
+    assert max(sideways(page)) <= 1, "every column of the runs in view at 1280 px, none cut at the edge"
 
     visit(page, f"{explorer.url}/kernels?run={explorer.baseline}", "kernels", tables=1, charts=1)
     cells = painted(page)
@@ -239,10 +254,7 @@ def test_the_demo_reads_in_human_units_on_every_page(explorer: Explorer, page: A
     box = headline.bounding_box()
     assert box is not None and box["y"] + box["height"] <= HEIGHT, "the answer is in the first screen"
     assert_readable(painted(page), "compare tables")
-    overflow = page.evaluate(
-        "[...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
-        ".filter(e => e.offsetParent !== null).map(e => e.scrollWidth - e.clientWidth)"
-    )
+    overflow = sideways(page)
     assert overflow and max(overflow) <= 1, f"Compare's tables fit 1280 px without scrolling sideways: {overflow}"
 
     visit(page, f"{explorer.url}/sql", "sql", tables=1, charts=1)
@@ -287,6 +299,21 @@ def test_cloverleaf_kernels_chart_agrees_with_its_table(explorer: Explorer, page
     label = hover(page, ".js-plotly-plot .heatmaplayer image")
     assert "busy" in label and "%" in label, label
     assert_readable([label], "cloverleaf timeline hover")
+
+    # zoomed in around its longest kernel, slices are drawn one by one, the wide ones labelled
+    with Client(explorer.address, timeout=30) as client:
+        longest = client.sql(
+            "SELECT name, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns "
+            f"FROM events WHERE run_id = '{explorer.cloverleaf}' AND kind = 'kernel' "
+            "ORDER BY end_ns - start_ns DESC LIMIT 1"
+        ).iloc[0]
+        names = client.summary("kernels", run=explorer.cloverleaf)["name"].astype(str)
+    width = int(longest["end_ns"] - longest["start_ns"])
+    start, end = int(longest["start_ns"]) - width // 2, int(longest["end_ns"]) + width // 2
+    visit(page, f"{explorer.url}/timeline?run={explorer.cloverleaf}&metrics=none&from={start}&to={end}",
+          "cloverleaf-timeline-zoomed", charts=1)  # fmt: skip
+    drawn = svg_texts(page, ".js-plotly-plot .barlayer text")
+    assert unique_short_names(names)[str(longest["name"])] in drawn, f"the kernel's slice is labelled: {drawn}"
 
 
 def sort_by(page: Any, header: str) -> list[int]:

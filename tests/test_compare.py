@@ -26,6 +26,7 @@ from tests.helpers import MS, T0, S, request
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
 from tracehouse.metrics import GPU_ENERGY, GPU_SM_ACTIVE, GPU_UTIL, PROC_GPU_MEM, PROC_SM_UTIL
+from tracehouse.shortnames import short_name
 from tracehouse.v1 import ingest_pb2_grpc
 
 HOST = "node1"
@@ -214,12 +215,12 @@ def _close(actual: Any, wanted: object) -> bool:
 def test_collocated_runs_get_their_own_share(client: Client, scene: Rows) -> None:
     frame = client.compare(["B", "A", "E"])
     assert list(frame["run_id"]) == ["B", "A", "E"], "in the order named"
-    assert list(frame.columns[:17]) == [
+    assert list(frame.columns[:18]) == [
         "run_id", "name", "status", "exit_code", "start", "duration_s", "gpus", "gpu_indices", "energy_j",
         "gpu_util_mean", "gpu_util_p95", "sm_active_mean", "proc_sm_util_mean", "gpu_mem_peak_bytes", "busy_pct",
-        "kernels", "top_kernels",
+        "kernels", "top_kernels", "top_kernels_full",
     ]  # fmt: skip
-    assert list(frame.columns[17:]) == ["tag.bs", "tag.extra", "tag.model"], "every tag key, sorted"
+    assert list(frame.columns[18:]) == ["tag.bs", "tag.extra", "tag.model"], "every tag key, sorted"
     by_id = {run.run_id: run for run in RUNS}
     for row in frame.to_dict(orient="records"):
         run = by_id[row["run_id"]]
@@ -265,12 +266,14 @@ def test_traced_run_busy_union_kernels_and_top_names(client: Client, scene: Rows
     for name, length in kernels:
         totals[name] = totals.get(name, 0) + length
     top = sorted(totals.items(), key=lambda item: -item[1])[:2]
-    assert row["top_kernels"] == "; ".join(
-        f"{name[:80]} ({100 * total / sum(totals.values()):.1f}%)" for name, total in top
+    assert row["top_kernels_full"] == "; ".join(
+        f"{name} ({100 * total / sum(totals.values()):.1f}%)" for name, total in top
     )
     assert row["top_kernels"] == "gemm (53.3%); softmax (26.7%)"
     assert len(client.compare(["C"]).iloc[0]["top_kernels"].split("; ")) == 3, "3 by default"
-    assert LONG_NAME[:80] + " (20.0%)" in client.compare(["C"]).iloc[0]["top_kernels"], "names cut to 80"
+    third = client.compare(["C"]).iloc[0]
+    assert short_name(LONG_NAME) + " (20.0%)" in third["top_kernels"], "the short name, as every table has it"
+    assert LONG_NAME + " (20.0%)" in third["top_kernels_full"], "the full name, whole"
     # no telemetry on node2: those figures are empty, not 0; its GPUs are those its work ran on
     for column in ("energy_j", "gpu_util_mean", "gpu_util_p95", "proc_sm_util_mean", "gpu_mem_peak_bytes"):
         assert _close(row[column], None), column

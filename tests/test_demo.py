@@ -20,7 +20,7 @@ from tracehouse import config
 from tracehouse.channel import ClientSecurity
 from tracehouse.cli import demo_train, up
 from tracehouse.cli.main import main
-from tracehouse.cli.up import Up, demo_train_outcome
+from tracehouse.cli.up import Up, demo_train_outcome, torch_hint
 
 PLAIN = ClientSecurity()  # no credentials, whatever the environment says
 
@@ -101,7 +101,7 @@ def test_without_torch_up_says_how_to_get_it(
     runner = Up(ui_port=None, demo=True)
     runner._demo_train(closed_port())
     assert runner.trainer is None and runner.trainer_done.is_set()
-    assert "pip install torch" in capsys.readouterr().err
+    assert f"tracehouse: {torch_hint()} would add a real training run to --demo" in capsys.readouterr().err
 
 
 # -- demo-train, with torch ------------------------------------------------------------------------

@@ -340,13 +340,14 @@ def test_a_writer_is_answered_once_its_batch_is_claimed_when_storing_takes_longe
 
 
 def test_a_query_sees_the_writes_its_server_answered_once_claimed(store: Store) -> None:
-    """`--ack-within-ms 0`: writers are answered once their group is claimed, before its rows are in; a
-    query on the same server, right after, waits for them and counts every row."""
+    """By default (`--ack-within-ms 0`) writers are answered once their group is claimed, before its rows
+    are in; a query on the same server, right after, waits for them and counts every row."""
     from ingest.commitpolicy import CommitPolicy
     from query.client import Client
     from tracehouse.cli.serve import create_server
 
-    running = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS, commit=CommitPolicy(answer_within_s=0))
+    assert CommitPolicy() == CommitPolicy(answer_within_s=0)
+    running = create_server(store, "127.0.0.1:0", DEFAULT_LIMITS)
     address = f"127.0.0.1:{running.port}"
     try:
         with grpc.insecure_channel(address) as channel, Client(address) as client:
@@ -361,7 +362,7 @@ def test_a_query_sees_the_writes_its_server_answered_once_claimed(store: Store) 
 
 
 def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_away(store: Store) -> None:
-    """With no --ack-within-ms, a writer is answered once its batch is stored, but while the admission
+    """With --ack-once-stored, a writer is answered once its batch is stored, but while the admission
     turns writers away (`answer_at_claim`), once its group is claimed: the writes it takes then are
     answered within the claim, not within the store's whole queue."""
     from ingest.commitpolicy import CommitPolicy
@@ -373,7 +374,7 @@ def test_writers_are_answered_at_the_claim_while_the_admission_turns_writers_awa
         validate_batch(request(telemetry(name, n=50_000, t0=T0 + i * 3600 * S)).batch, DEFAULT_LIMITS, T0)
         for i, name in enumerate(("while-behind", "caught-up"))
     ]
-    commit = GroupCommit(store, CommitPolicy(interval_s=0), answer_at_claim=lambda: behind[0])
+    commit = GroupCommit(store, CommitPolicy(interval_s=0, answer_within_s=None), answer_at_claim=lambda: behind[0])
     try:
         assert commit.write(batches[0], T0).rows["samples"] == 200_000
         assert commit.answered_early == 1

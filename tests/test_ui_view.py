@@ -7,8 +7,11 @@ import html
 import pandas as pd
 import pytest
 
+from tracehouse.shortnames import unique_short_names
 from ui import figures
+from ui.controls import run_label
 from ui.figures import _ordered_labels
+from ui.tables import styled
 from ui.view import LAST_NS, MIN_WIDTH_NS, RunBounds, View, ViewError, inside, pan, selected, zoom
 
 NOW = 1_800_000_000_000_000_000
@@ -146,3 +149,77 @@ def test_the_busy_cells_have_a_legend_and_a_narrow_window_reads_in_microseconds(
     assert cells.showscale is not False and cells.colorbar.title.text == "share of bucket busy, %"
     assert figure.layout.xaxis.title.text.endswith("(µs)") and window.unit_ns == 1_000
     assert selected(NOW, 0.5, 1.5, window.unit_ns) == (NOW + 500, NOW + 1_500)
+
+
+def test_a_share_reads_on_a_whole_scale() -> None:
+    """2.7 % busy fills 2.7 % of the chart, not all of it (issue 41): shares get a 0-100 % axis."""
+    frame = pd.DataFrame({"gpu_name": ["vm GPU 0"], "busy_pct": [2.7]})
+    bar = figures.bars(frame, "gpu_name", "busy_pct", "busy share per GPU")
+    assert list(bar.layout.xaxis.range) == [0, 100] and bar.layout.xaxis.ticksuffix == " %"
+    durations = figures.bars(pd.DataFrame({"name": ["k"], "total_ns": [5]}), "name", "total_ns", "total")
+    assert durations.layout.xaxis.range is None, "sizes and durations stay autoscaled"
+
+
+def test_slices_wide_enough_carry_their_short_name() -> None:
+    """As Perfetto and Nsight draw them: a wide slice is labelled with the short name every table shows
+    (cut with … to its room), a narrow one carries no text."""
+    long = "void probe_group_by_GPU2<128, 4>(int*, int*, int*, int, short*)"
+    events = pd.DataFrame(
+        {"kind": "kernel", "name": [long, long, "tiny"], "host": "h", "start": [NOW, NOW + S, NOW + 2 * S],
+         "end": [NOW + S, NOW + S + S // 8, NOW + 2 * S + 1_000], "gpu": 0, "stream": 7, "pid": 0, "tid": 0,
+         "depth": 0, "correlation_id": 0}
+    )  # fmt: skip
+    figure = figures.timeline(figures.Window(NOW, NOW + 3 * S), pd.DataFrame(columns=["metric"]), [], events=events)
+    [kernels] = figure.data
+    wide, narrow, tiny = (html.unescape(text) for text in kernels.text)
+    assert wide == "probe_group_by_GPU2<128, 4>(…)" == unique_short_names([long])[long]
+    assert narrow == "probe…", "about 45 px: the same short name, cut at its end"
+    assert tiny == "" and kernels.textposition == "inside" and figure.layout.uniformtext.mode == "hide"
+    assert html.unescape(kernels.customdata[0][0]) == long, "the hover has the name whole"
+
+
+def test_a_run_without_a_wall_clock_reads_as_offsets() -> None:
+    """Issue 41: a trace that counts from its own start shows `+3.362 s`, never 1970."""
+    window = figures.Window(3_362_000_000, 9_912_000_000, relative=True)
+    assert window.axis_title == "time from the run's start +3.362 s (s)"
+    assert figures.Window(S, 5 * S, relative=True, origin_ns=S).axis_title == "time from the run's start (s)"
+    assert figures.moment(3_362_000_000, True) == "+3.362 s" == figures.moment(4_362_000_000, True, S)
+    runs = pd.DataFrame({"run_id": ["old", "new"], "name": ["report1", "resnet"], "host": "h", "source": "nsys",
+                         "start": pd.to_datetime([3_362_000_000, NOW], utc=True),
+                         "relative_time": [True, False]})  # fmt: skip
+    labels = run_label(runs)
+    assert labels["old"] == "report1 · h · nsys · no wall clock" and "1970" not in labels["old"]
+    assert labels["new"].endswith("2027-01-15 08:00:00")
+
+
+def test_a_count_per_run_reads_with_thousands_separators() -> None:
+    styler = styled(pd.DataFrame({"name": ["k"], "instances_a": pd.array([4350], dtype="uint64"),
+                                  "instances_b": pd.array([1_234_567], dtype="uint64")}))  # fmt: skip
+    html_text = styler.to_html()
+    assert "4,350" in html_text and "1,234,567" in html_text
+
+
+def test_the_sql_chart_names_its_axis_in_words() -> None:
+    frame = pd.DataFrame({"name": ["a", "b"], "total_ns": [2 * S, 3 * S]})
+    figure = figures.xy(frame, "name", "total_ns")
+    assert figure.layout.yaxis.title.text == "total (s)" and figure.layout.xaxis.title.text == "name"
+
+
+def test_a_slice_reads_as_the_runs_kernels_table_names_it() -> None:
+    """Two kernels of a run that share a short form are told apart in its Kernels table: a slice of one
+    of them, zoomed in alone, is labelled as the table labels it, not by the names in view."""
+    one, other = "void k(int, float*)", "void k(double, float*)"
+    events = pd.DataFrame(
+        {"kind": "kernel", "name": [one], "host": "h", "start": [NOW], "end": [NOW + S], "gpu": 0, "stream": 7,
+         "pid": 0, "tid": 0, "depth": 0, "correlation_id": 0}
+    )  # fmt: skip
+    window, none = figures.Window(NOW, NOW + 2 * S), pd.DataFrame(columns=["metric"])
+    [alone] = figures.timeline(window, none, [], events=events).data
+    [known] = figures.timeline(window, none, [], events=events, known_names=[one, other]).data
+    table = unique_short_names([one, other])[one]
+    assert html.unescape(known.text[0]) == table != html.unescape(alone.text[0]), (table, alone.text[0])
+
+
+def test_a_table_for_people_leaves_out_the_flag_for_programs() -> None:
+    shown = styled(pd.DataFrame({"name": ["k…"], "name_cut": [True], "total_ns": [5]})).data
+    assert list(shown.columns) == ["name", "total"], "a cut name reads with its … alone, as the CLI's tables"

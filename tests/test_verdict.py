@@ -199,7 +199,7 @@ def test_runs_named_by_nvtx_ranges_and_runs_without_steps(address: str) -> None:
     assert not {"step_time", "throughput"} & set(measures.index)  # windows of one length: no step time
     assert measures.loc["energy", "verdict"] == "more energy"
     assert measures.loc["energy", "change"] == pytest.approx(0.1, abs=0.01)
-    assert set(windows["runs"]["steps_from"]) == {"windows of 10 s"}
+    assert set(windows["runs"]["steps_from"]) == {"12 windows of 9.99 s"}  # 119.9 s, covered whole
 
 
 def test_bad_requests_name_the_field(stored: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pandas as pd
@@ -57,9 +58,15 @@ def bytes_text(data: bytes) -> str:
 
 def column_kind(name: str, values: pd.Series | None = None) -> str:
     """One of instant, duration, seconds, size, rate, percent, energy, power, clock, count, index (a GPU or
-    stream: -1 is none), text, number."""
+    stream: -1 is none), text, number. The type decides first (a time, an interval, the decimal seconds of
+    `end - start` of two DateTime64(9)), then the name: a column of ns durations is read as one where its
+    type or its name says so (an `ns` word: total_ns); a plain integer named otherwise stays a number."""
     if values is not None and pd.api.types.is_datetime64_any_dtype(values.dtype):
         return "instant"
+    if values is not None and pd.api.types.is_timedelta64_dtype(values.dtype):
+        return "duration"
+    if values is not None and _ns_decimals(values):
+        return "seconds"
     tokens = name.lower().split("_")
     if "ns" in tokens:
         moments = {"start", "end", "first", "last", "ts", "at"}
@@ -85,6 +92,14 @@ def column_kind(name: str, values: pd.Series | None = None) -> str:
     if values is not None and pd.api.types.is_float_dtype(values.dtype):
         return "number"
     return "text"
+
+
+def _ns_decimals(values: pd.Series) -> bool:
+    """Decimals of 9 places (seconds to the ns): what the engine makes of DateTime64(9) - DateTime64(9)."""
+    if not pd.api.types.is_object_dtype(values.dtype):
+        return False
+    present = [v for v in values.head(100) if not units.missing(v)]
+    return bool(present) and all(isinstance(v, Decimal) and v.as_tuple().exponent == -9 for v in present)
 
 
 def header(name: str, kind: str) -> str:
@@ -113,6 +128,8 @@ def _plain(value: Any) -> str:
 
 def _duration(value: Any) -> str:
     """A duration; a sum at the cap reads as at least it."""
+    if isinstance(value, pd.Timedelta):
+        value = value.value
     text = units.duration(value)
     if units.missing(value) or abs(float(value)) < SUM_CAP_NS:
         return text

@@ -190,15 +190,15 @@ def _distinct_renderings(names: list[str]) -> dict[str, str]:
 
 def unique_short_names(names: Iterable[str], width: int = DEFAULT_WIDTH) -> dict[str, str]:
     """Every distinct name's label: at most `width` (at least MIN_WIDTH) characters, no two alike, and the same
-    for the same set of names in any order, so that a chart and its table agree."""
+    for the same set of names in any order, so that a chart and its table agree. A name whose short_name no
+    other name of the set shares is labelled with it, whatever else is in the set: the same kernel reads the
+    same in every table, chart, hover and sentence. Names whose short forms clash are opened further where
+    they differ from each other, and from nothing else: their labels depend only on those namesakes."""
     width = max(width, MIN_WIDTH)
     distinct = sorted(set(names))
-    raw = _distinct_renderings(distinct)  # C++ signatures read alike, long or not: `relu_kernel<float>(…)`
-    compact = {n: _compact(r, width) if r != n else r for n, r in raw.items()}
-    labels = _windows(compact, width)
-    for group in _clashes(labels):
-        texts = compact if len({compact[n] for n in group}) == len(group) else raw
-        labels.update(_windows({n: texts[n] for n in group}, width))
+    labels = {name: short_name(name, width) for name in distinct}
+    for group in _clashes(labels):  # each group on its own: a label depends on its namesakes only
+        labels.update(_told_apart(group, width))
     taken = set(labels.values())
     for group in _clashes(labels):
         for number, name in enumerate(group[1:], start=2):
@@ -206,6 +206,17 @@ def unique_short_names(names: Iterable[str], width: int = DEFAULT_WIDTH) -> dict
                 number += 1
             labels[name] = label
             taken.add(label)
+    return labels
+
+
+def _told_apart(names: list[str], width: int) -> dict[str, str]:
+    """Labels for names whose short forms clash: opened, then cut, where they differ from each other."""
+    raw = _distinct_renderings(names)  # C++ signatures read alike, long or not: `relu_kernel<float>(…)`
+    compact = {n: _compact(r, width) if r != n else r for n, r in raw.items()}
+    labels = _windows(compact, width)
+    for group in _clashes(labels):
+        texts = compact if len({compact[n] for n in group}) == len(group) else raw
+        labels.update(_windows({n: texts[n] for n in group}, width))
     return labels
 
 

@@ -96,3 +96,26 @@ def format_duration(ns: int) -> str:
         if abs(ns) >= scale:
             return f"{ns / scale:.3f} {unit}"
     return f"{ns} ns"
+
+
+def format_offset(ns: int) -> str:
+    """A time from a run's origin, for people, to three decimals of its unit: '+3.362 s', '+539.217 ms',
+    '+12.500 µs', '+40 ns' ('-' before the origin)."""
+    sign = "-" if ns < 0 else "+"
+    size = abs(int(ns))
+    for unit, scale in (("s", NS_PER_S), ("ms", 1_000_000), ("µs", 1_000)):
+        if size >= scale:
+            return f"{sign}{size / scale:.3f} {unit}"
+    return f"{sign}{size} ns"
+
+
+def format_instant(ns: int, wall_clock: bool = True, origin_ns: int = 0) -> str:
+    """An instant as a person reads it, the one rule for every CLI table and explorer page: a UTC date to
+    the millisecond ('2026-11-29 14:02:00.123 UTC') where the run has a wall clock, else (a trace whose
+    times count from an unknown origin: relative_time, as nsys before 2021.3 wrote them) its offset from
+    `origin_ns`, the run's start ('+3.362 s'), never a 1970 date. Programs read the ns themselves."""
+    if not wall_clock:
+        return format_offset(ns - origin_ns)
+    whole, fraction = divmod(int(ns), NS_PER_S)
+    stamp = datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp}.{fraction // 1_000_000:03d} UTC"

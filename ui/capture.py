@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from query.captureframe import captures_frame
+from tracehouse.config import default_server
 from ui.data import act, command, plain
 from ui.tables import styled
 
@@ -42,5 +43,7 @@ def capture_panel(run_id: str, runs: pd.DataFrame) -> None:
             frame = frame[[*frame.columns[1:], "request_id"]]  # what came of it first, the id last
             frame["requested_ns"] = pd.to_datetime(frame["requested_ns"], unit="ns", utc=True)
             st.dataframe(styled(frame.rename(columns={"requested_ns": "requested"})), hide_index=True)
-        else:
-            st.caption(f"No captures of this run yet; also `{command()} capture --run {run_id}`.")
+        elif running:  # the command only where it works: a run that cannot be captured gets none
+            st.caption(
+                f"No captures of this run yet; also `{command()} capture --run {run_id} --server {default_server()}`."
+            )

@@ -12,7 +12,9 @@ import pandas as pd
 import streamlit as st
 
 from tracehouse import units
+from tracehouse.readable import NO_WALL_CLOCK
 from ui.data import ask, plain
+from ui.figures import moment
 from ui.view import PRESETS, RunBounds, View, ViewError, pan, zoom
 
 SESSION_VIEW = "tracehouse.view"
@@ -25,6 +27,11 @@ class Scope:
     view: View
     start_ns: int
     end_ns: int
+    relative: bool = False  # the run has no wall clock: instants read as offsets from its start,
+    origin_ns: int = 0  # this instant
+
+    def when(self, ns: int) -> str:
+        return moment(ns, self.relative, self.origin_ns)
 
     def window(self) -> dict[str, Any]:
         """Window keywords for the Query client."""
@@ -66,12 +73,22 @@ def run_bounds(runs: pd.DataFrame, run_id: str) -> RunBounds | None:
 
 
 def run_label(runs: pd.DataFrame) -> dict[str, str]:
+    """Each run as a picker names it: name, host, source, and when it started (or that it has no wall
+    clock, rather than a date in 1970)."""
+    relative = runs["relative_time"] if "relative_time" in runs.columns else pd.Series(False, index=runs.index)
     return {
-        str(run_id): f"{name or run_id} · {host} · {source} · {start:%Y-%m-%d %H:%M:%S}"
-        for run_id, name, host, source, start in runs[["run_id", "name", "host", "source", "start"]].itertuples(
-            index=False
+        str(run_id): f"{name or run_id} · {host} · {source} · "
+        + (NO_WALL_CLOCK if bool(clockless) else f"{start:%Y-%m-%d %H:%M:%S}")
+        for run_id, name, host, source, start, clockless in zip(
+            runs["run_id"], runs["name"], runs["host"], runs["source"], runs["start"], relative, strict=True
         )
     }
+
+
+def is_relative(runs: pd.DataFrame, run_id: str) -> bool:
+    """Whether the run's times count from its own start (no wall clock)."""
+    found = runs[runs["run_id"] == run_id]
+    return bool(not found.empty and "relative_time" in found.columns and found.iloc[0]["relative_time"])
 
 
 def window_sidebar() -> Scope:
@@ -113,7 +130,9 @@ def window_sidebar() -> Scope:
     except ViewError as error:
         st.error(f"The window in the URL does not parse: {plain(str(error))}")
         st.stop()
-    return Scope(view, start_ns, end_ns)
+    bounds = run_bounds(runs, view.run) if view.run else None
+    relative = bool(bounds and is_relative(runs, view.run))
+    return Scope(view, start_ns, end_ns, relative, bounds.start_ns if bounds and relative else 0)
 
 
 def zoom_buttons(scope: Scope, key: str) -> None:
@@ -128,4 +147,4 @@ def zoom_buttons(scope: Scope, key: str) -> None:
     if whole_run and columns[3].button("whole run", key=f"{key}-run"):
         show(View(run=scope.view.run, host=scope.view.host, metrics=scope.view.metrics))
     width = units.duration(scope.end_ns - scope.start_ns)
-    columns[4].caption(f"{units.instant(scope.start_ns)} → {units.instant(scope.end_ns)} ({width})")
+    columns[4].caption(f"{scope.when(scope.start_ns)} → {scope.when(scope.end_ns)} ({width})")

@@ -12,6 +12,7 @@ import streamlit as st
 
 from query.client import Client, QueryFailed
 from query.export import window_trace
+from query.stepwindow import StepWindow, profiler_step_window
 from tracehouse.channel import client_security
 from tracehouse.config import ENV_COMMAND, default_server
 from tracehouse.security import SecurityError
@@ -107,3 +108,17 @@ def stop_if_empty() -> None:
 def trace_file(window: dict[str, Any], fmt: str) -> bytes:
     """The window as a trace file (Perfetto's protobuf, or Chrome JSON), fetched when asked."""
     return window_trace(_client(default_server()), fmt=fmt, **window)
+
+
+@st.cache_data(ttl=ANSWER_TTL_S, show_spinner=False, max_entries=64)
+def _steps(address: str, run: str) -> StepWindow | None:
+    return profiler_step_window(_client(address), run)
+
+
+def step_window(run: str) -> StepWindow | None:
+    """The run's profiler-step window (the GPU side of its ProfilerStep#N), None where it has none or
+    it cannot be asked (the page then offers only the run's window)."""
+    try:
+        return _steps(default_server(), run)
+    except (SecurityError, QueryFailed):
+        return None

@@ -21,8 +21,9 @@ from plotly.subplots import make_subplots
 
 from tracehouse import units
 from tracehouse.model import LANE_COLUMNS, lane_of
-from tracehouse.readable import column_kind, formatter
+from tracehouse.readable import column_kind, formatter, header
 from tracehouse.shortnames import unique_short_names
+from tracehouse.timefmt import format_instant
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 KIND_COLORS = {"kernel": "#4e79a7", "memcpy": "#f28e2b", "memset": "#edc948", "cuda_api": "#9c9c9c",
@@ -42,6 +43,11 @@ METRIC_ROW_PX = 170
 LANE_ROW_PX = 24
 SCATTERGL_FROM_POINTS = 20_000  # SVG is smoother below, WebGL keeps up above
 LANE_ORDER = {"gpu": 0, "nvtx": 1, "phase": 1, "step": 1, "cuda_api": 2}
+TIMELINE_PX = 1100  # about the plot's width at 1280 px, for which slices are wide enough to label
+LABEL_CHAR_PX = 7  # a slice holds a label of about its width over this many characters
+MIN_LABEL_CHARS = 3  # narrower slices carry no text (Perfetto's rule of thumb: nothing unreadable)
+LABEL_FONT_PX = 10
+HOVER_CHARS = 2000  # a hover shows names whole up to this, wrapped; the table and the CSV beyond
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class Window:
 
     start_ns: int
     end_ns: int
+    relative: bool = False  # a run without a wall clock: its times are offsets from its start,
+    origin_ns: int = 0  # this instant
 
     @property
     def scale(self) -> tuple[float, str]:
@@ -69,7 +77,16 @@ class Window:
 
     @property
     def axis_title(self) -> str:
+        if self.relative:  # a trace without a wall clock: from the run's start
+            start = f" {moment(self.start_ns, True, self.origin_ns)}" if self.start_ns != self.origin_ns else ""
+            return f"time from the run's start{start} ({self.scale[1]})"
         return f"time from {units.instant(self.start_ns)} ({self.scale[1]})"
+
+
+def moment(ns: int, relative: bool, origin_ns: int = 0) -> str:
+    """An instant as people read it (the CLI's rule, timefmt.format_instant): a date, or for a run
+    without a wall clock its offset from the run's start `origin_ns` (`+3.362 s`), never 1970."""
+    return format_instant(ns, not relative, origin_ns)
 
 
 def color_of(name: str, palette: Sequence[str] = PALETTE) -> str:
@@ -134,9 +151,12 @@ def timeline(
     metrics: Sequence[str],
     lanes: pd.DataFrame | None = None,
     events: pd.DataFrame | None = None,
+    known_names: Sequence[str] = (),
 ) -> go.Figure:
     """Stacked panels on one time axis: a row per metric (a line per host and GPU), then the
-    lanes, drawn event by event from `events`, or as busy cells from quantized `lanes`."""
+    lanes, drawn event by event from `events`, or as busy cells from quantized `lanes`. Slices are
+    labelled with their short name among `known_names` too (the run's kernels: the labels its
+    Kernels table shows)."""
     lane_rows = events if events is not None else lanes
     has_lanes = lane_rows is not None and not lane_rows.empty
     rows = len(metrics) + (1 if has_lanes else 0)
@@ -169,7 +189,7 @@ def timeline(
         figure.update_yaxes(title_text=html.escape(title), title_font={"size": 11}, row=row, col=1)
     if has_lanes:
         if events is not None:
-            _add_events(figure, window, events, labels, rows)
+            _add_events(figure, window, events, labels, rows, known_names)
         else:
             assert lanes is not None
             _add_busy_cells(figure, window, lanes, labels, order, rows)
@@ -183,6 +203,7 @@ def timeline(
         selectdirection="h",
         hovermode="closest",
         barmode="overlay",
+        uniformtext={"minsize": LABEL_FONT_PX - 2, "mode": "hide"},  # a label that does not fit is left out
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
     )
     return figure
@@ -223,17 +244,20 @@ def _add_series(
     )
 
 
-def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels: pd.Series, row: int) -> None:
+def _add_events(
+    figure: go.Figure, window: Window, events: pd.DataFrame, labels: pd.Series, row: int, known: Sequence[str]
+) -> None:
     starts = events["start"].astype("int64")
     ends = events["end"].astype("int64")
     pixel = window.width / 1500
+    short = unique_short_names({*known, *events["name"].astype(str)}, BAR_LABEL_WIDTH)
     for kind, part in events.groupby("kind", sort=True):
         index = part.index
         begin = window.offsets(starts[index])
         length = (ends[index] - starts[index]).to_numpy() / window.unit_ns
         details = np.stack(
             [
-                part["name"].astype(str).str.slice(0, 200).map(html.escape),
+                part["name"].astype(str).map(wrapped),
                 (ends[index] - starts[index]).map(units.duration),
                 (starts[index] - window.start_ns).map(units.offset),
                 part["correlation_id"].astype(str),
@@ -253,12 +277,36 @@ def _add_events(figure: go.Figure, window: Window, events: pd.DataFrame, labels:
                 name=str(kind),
                 marker=_marker(str(kind), part["name"]),
                 width=0.8,
+                text=slice_labels(part["name"].astype(str), length, window.width, short),
+                textposition="inside",
+                insidetextanchor="start",
+                constraintext="inside",
+                textfont={"size": LABEL_FONT_PX, "color": _label_color(str(kind))},
                 customdata=details,
                 hovertemplate=hover,
             ),
             row=row,
             col=1,
         )
+
+
+def slice_labels(names: pd.Series, lengths: np.ndarray, width: float, short: Mapping[str, str]) -> list[str]:
+    """Each slice's short name (the one every table and chart shows), cut at its end with … to the
+    characters the slice can hold; "" for a slice too narrow for a few (Perfetto and Nsight Systems
+    label slices so). Plotly hides whatever still does not fit."""
+    room = np.asarray(lengths, dtype=float) / max(width, 1e-12) * TIMELINE_PX / LABEL_CHAR_PX
+    return [
+        html.escape(cut(short[name], int(chars))) if chars >= MIN_LABEL_CHARS else ""
+        for name, chars in zip(names, room, strict=True)
+    ]
+
+
+def cut(label: str, chars: int) -> str:
+    return label if len(label) <= chars else label[: max(chars - 1, 1)] + "…"
+
+
+def _label_color(kind: str) -> str:
+    return "#1f1f1f" if kind in RANGE_KINDS or kind in ("memset", "memcpy") else "#ffffff"
 
 
 def _marker(kind: str, names: pd.Series) -> dict[str, object]:
@@ -286,7 +334,7 @@ def _add_busy_cells(
     shade[rows_of, buckets] = np.maximum(busy, 4)  # a bucket of instants stays visible
     details = np.full((len(order), count, 4), "", dtype=object)
     details[rows_of, buckets, 0] = [units.count(n) for n in lanes["events"]]
-    details[rows_of, buckets, 1] = lanes["top_name"].astype(str).str.slice(0, 120).map(html.escape).to_numpy()
+    details[rows_of, buckets, 1] = lanes["top_name"].astype(str).map(wrapped).to_numpy()
     details[rows_of, buckets, 2] = [units.percent(share) for share in busy]
     details[rows_of, buckets, 3] = [
         f"{units.offset(int(b) - window.start_ns)} to {units.offset(int(b) + width_ns - window.start_ns)}"
@@ -350,10 +398,18 @@ def bars(
         height=140 + 22 * len(shown),
         yaxis={"autorange": "reversed", "tickmode": "array", "tickvals": keys,
                "ticktext": [html.escape(short[name]) for name in names]},
-        xaxis={"title": {"text": html.escape(f"{title} ({unit})" if unit else title)}},
+        xaxis={"title": {"text": html.escape(f"{title} ({unit})" if unit else title)},
+               **_share_axis(kind, shown[value])},
         margin={"l": 10, "r": 10, "t": 20, "b": 40},
     )  # fmt: skip
     return figure
+
+
+def _share_axis(kind: str, values: pd.Series) -> dict[str, Any]:
+    """A share of a whole (busy %) on the whole's scale, 0 to 100 %: 2.7 % fills 2.7 % of the chart."""
+    if kind != "percent" or not values.between(0, 100).all():
+        return {}
+    return {"range": [0, 100], "tickvals": [0, 20, 40, 60, 80, 100], "ticksuffix": " %"}
 
 
 def _bar_colors(values: pd.Series) -> list[str] | str:
@@ -375,8 +431,11 @@ def distinct(names: list[str]) -> list[str]:
 
 
 def wrapped(name: str) -> str:
-    """A full name for a hover: escaped, broken into lines a screen can hold."""
-    return "<br>".join(html.escape(name[i : i + HOVER_LINE]) for i in range(0, len(name), HOVER_LINE))
+    """A full name for a hover: escaped, broken into lines a screen can hold (past HOVER_CHARS, said cut)."""
+    shown = name[:HOVER_CHARS]
+    lines = [html.escape(shown[i : i + HOVER_LINE]) for i in range(0, len(shown), HOVER_LINE)]
+    cut = f"<br>… ({len(name):,} characters in all)" if len(name) > HOVER_CHARS else ""
+    return "<br>".join(lines) + cut
 
 
 def xy(frame: pd.DataFrame, x: str, y: str, bar: bool = True) -> go.Figure:
@@ -399,8 +458,8 @@ def xy(frame: pd.DataFrame, x: str, y: str, bar: bool = True) -> go.Figure:
     trace = go.Bar if bar else go.Scatter
     figure = go.Figure(trace(x=xs, y=frame[y] / scale, customdata=details, hovertemplate=hover))
     figure.update_layout(
-        xaxis={"title": {"text": html.escape(x)}, **labels},
-        yaxis={"title": {"text": html.escape(f"{y} ({unit})" if unit else y)}},
+        xaxis={"title": {"text": html.escape(header(x, kinds[x]))}, **labels},
+        yaxis={"title": {"text": html.escape(f"{header(y, kinds[y])} ({unit})" if unit else header(y, kinds[y]))}},
         margin={"l": 10, "r": 10, "t": 20, "b": 40},
     )
     return figure

@@ -3,6 +3,7 @@ units over the exact values (so that sorting stays numeric), the CSV exact for p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +12,11 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 
 from tracehouse import units
-from tracehouse.readable import METRIC_VALUES, OPAQUE_IDS, column_kind, formatters, headers
+from tracehouse.readable import COUNTS, METRIC_VALUES, OPAQUE_IDS, column_kind, formatters, headers
 from tracehouse.shortnames import unique_short_names
 from ui import figures
 
+FOR_PROGRAMS = ("name_cut",)  # a cut name already ends in … where people read it; the CSV keeps the flag
 SHORT = "short name"  # as the chart labels it; the full name stays in its own column
 
 
@@ -22,9 +24,12 @@ def styled(frame: pd.DataFrame, origin_ns: int | None = None) -> Styler:
     """`frame` for people: headers in words, cells in human units (instants as offsets from
     `origin_ns` where given, else ISO), missing values blank, internal ids left out. The values
     underneath stay the answer's own."""
-    shown = frame.drop(columns=[c for c in OPAQUE_IDS if c in frame.columns]).reset_index(drop=True)
+    shown = frame.drop(columns=[c for c in (*OPAQUE_IDS, *FOR_PROGRAMS) if c in frame.columns]).reset_index(drop=True)
     shown.columns = [str(c) for c in shown.columns]
     cells = formatters(shown, origin_ns)
+    for column in shown.columns:  # a count per run (`instances_a`) reads as a count: 4,350
+        if re.sub(r"_[ab]$", "", column) in COUNTS:
+            cells[column] = units.count
     for column in shown.columns:
         shown[column], cells[column] = _exact_below_2_53(shown[column], cells[column], origin_ns)
     names = headers(shown)
@@ -77,11 +82,13 @@ def table(
     origin_ns: int | None = None,
     top: int | None = None,
     full_names: bool = True,
+    csv: pd.DataFrame | None = None,
 ) -> None:
     """A sortable table of `what` (said when there is none); with `label` and `value`, a bar
     chart of the largest values first. Instants read from `origin_ns` when given (say it once
     above, with `origin_caption`). The table shows the first `top` rows, the CSV all; with
-    `full_names` False, long names only in their short form (the CSV and the hover have them whole)."""
+    `full_names` False, long names only in their short form (the CSV and the hover have them whole).
+    The CSV holds `csv` where given (the exact answer behind a frame shaped for people), else `frame`."""
     if frame.empty:
         st.info(f"No {what} in this window.")
         return
@@ -99,10 +106,19 @@ def table(
         st.caption(f"The first {rows:,} of {len(shown):,} {what} are shown; the CSV holds them all.")
     st.dataframe(styled(shown.head(rows), origin_ns), hide_index=True, width="stretch", placeholder="")
     st.download_button(
-        "Download CSV", frame.to_csv(index=False), file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}"
+        "Download CSV",
+        (frame if csv is None else csv).to_csv(index=False),
+        file_name=f"{name}.csv",
+        mime="text/csv",
+        key=f"csv-{name}",
     )
 
 
-def origin_caption(origin_ns: int) -> str:
-    """The one absolute time that a window's offsets count from."""
+def origin_caption(origin_ns: int, relative: bool = False, run_start_ns: int = 0) -> str:
+    """The one instant that a window's offsets count from (for a run without a wall clock, as an offset
+    from the run's start)."""
+    if relative:
+        return (
+            f"Times are from the window's start, {figures.moment(origin_ns, True, run_start_ns)} from the run's start."
+        )
     return f"Times are from the window's start, {units.instant(origin_ns)}."

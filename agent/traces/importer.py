@@ -31,6 +31,7 @@ from agent.traces.kineto import KinetoTrace
 from agent.traces.nsys import Export, Session, Source
 from agent.traces.tracefile import Part, Trace, TraceFileError, sniff
 from tracehouse.batch import BatchBuilder
+from tracehouse.model import GPU_WORK
 from tracehouse.v1 import batch_pb2
 
 Progress = Callable[[str, int, int], None]  # (source, rows done, rows expected)
@@ -65,6 +66,18 @@ def run_id_of(trace: Trace, host: str) -> str:
     return f"{trace.source}-" + hashlib.sha256(f"{trace.digest}/{host}".encode()).hexdigest()[:24]
 
 
+def filed_under(trace: Trace, host: str) -> tuple[str, str]:
+    """(run id, host key) of a trace: filed under `host` (the caller's), else the host the trace names,
+    else under a host key of its own, its run id: a trace that names no host (most Kineto traces, old
+    nsys exports) says nothing of where it ran, so its GPUs are its own, never the importing machine's
+    nor another host-less trace's. Its run id is then the same wherever it is imported."""
+    named = host or trace.host
+    if named:
+        return run_id_of(trace, named), named
+    run_id = run_id_of(trace, "")
+    return run_id, run_id
+
+
 def _describe(description: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -76,20 +89,23 @@ def import_export(
     host: str = "",
     tags: Mapping[str, str] | None = None,
     progress: Progress | None = None,
-    default_host: str = "unknown",
+    default_host: str = "",
     into_run: str = "",
     job: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
 ) -> ImportResult:
     """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
     (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible.
-    The run is filed under `host`, else the host the file names, else `default_host`.
-    `into_run`: the rows go to this run, which the caller describes (its description then
+    The run is filed under `host`, else the host the file names, else a host key of its own
+    (filed_under). `default_host` is not used: the importing machine is not where a trace that names
+    no host ran. `into_run`: the rows go to this run, which the caller describes (its description then
     says whether the import finished); no run rows are written. `job`: the job attrs of the run, made
     from the trace's own (tracehouse.jobs.import_membership)."""
+    del default_host
     started = time.monotonic()
     with open_trace(path) as trace:
-        host = host or trace.host or default_host or "unknown"
-        run_id = into_run or run_id_of(trace, host)
+        filed_id, host = filed_under(trace, host)
+        run_id = into_run or filed_id
+        host = run_id if host == filed_id else host  # a host-less trace's rows go under the run they go to
         result = ImportResult(file=str(path), run_id=run_id, host=host, relative_time=trace.relative_time)
         run: dict[str, Any] = {
             "run_id": run_id,
@@ -99,7 +115,7 @@ def import_export(
             "start": trace.start_ns,
             "relative_time": trace.relative_time,
             "tags": dict(tags or {}),
-            "attrs": trace.attrs(),
+            "attrs": _hostless(trace.attrs(), host, run_id),
         }
         if job is not None:
             result.attrs = dict(job(run["attrs"]))
@@ -138,14 +154,16 @@ def _ship(
     """Everything of the run, then (unless `into_run`) the description that makes it visible."""
     end = trace.start_ns
     threads: set[tuple[int, int]] = set()
+    touched: set[int] = set()  # the GPUs its work or samples are on
     for part in trace.parts():
-        end = max(end, _ship_part(part, run_id, host, sink, result, threads, progress))
+        end = max(end, _ship_part(part, run_id, host, sink, result, threads, progress, touched))
     for number, chunk in enumerate(trace.sample_chunks()):
         builder = BatchBuilder(f"{run_id}/gpu_metrics/{number:06d}", run_id=run_id, host=host)
         builder.add_samples(chunk.column("metric"), chunk.column("ts").to_numpy(),
                             chunk.column("value").to_numpy(), gpu=chunk.column("gpu").to_numpy())  # fmt: skip
         sink.write(builder.build())
         result.samples += chunk.num_rows
+        touched.update(gpu for gpu in pc.unique(chunk.column("gpu")).to_pylist() if gpu is not None and gpu >= 0)
     names = _names(trace, run_id, host, threads, trace.start_ns, result)
     if names is not None:
         sink.write(names)
@@ -155,7 +173,8 @@ def _ship(
     run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
     run["attrs"] = {
         **result.attrs,  # the caller's (a job's), set before the import
-        **trace.attrs(),
+        **_hostless(trace.attrs(), host, run_id),
+        **_gpus(len(trace.devices()), touched),
         **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},
         **{f"skipped.{k}": str(v) for k, v in result.skipped.items()},
     }
@@ -166,6 +185,20 @@ def _ship(
         final.add_run(**run, end=result.end_ns, importing=False)
         sink.write(final.build())
         sink.flush()
+
+
+HOSTLESS_ATTR = "host"  # in a host-less trace's attrs: why its host key is its run id
+HOSTLESS_TEXT = "none named in the trace: filed under its run id"
+
+
+def _hostless(attrs: dict[str, str], host: str, run_id: str) -> dict[str, str]:
+    return {**attrs, HOSTLESS_ATTR: HOSTLESS_TEXT} if host == run_id else attrs
+
+
+def _gpus(described: int, touched: set[int]) -> dict[str, str]:
+    """The run's GPUs (attr `gpus`, query/rungpus.py): those its work or telemetry touched, not every GPU
+    the trace describes (Kineto's deviceProperties lists all of the host's), which `gpus_described` counts."""
+    return {"gpus": str(len(touched)), "gpus_described": str(described)}
 
 
 def _attrs(path: Path, session: Session) -> dict[str, str]:
@@ -217,8 +250,9 @@ def _ship_part(
     result: ImportResult,
     threads: set[tuple[int, int]],
     progress: Progress | None,
+    touched: set[int],
 ) -> int:
-    """Ship one part's chunks; returns the latest end seen."""
+    """Ship one part's chunks; returns the latest end seen. Adds the GPUs its GPU work ran on to `touched`."""
     done = 0
     end = 0
     for number, chunk in enumerate(prefetched(part.chunks)):
@@ -228,6 +262,9 @@ def _ship_part(
         for kind, count in zip(kinds.field("values").to_pylist(), kinds.field("counts").to_pylist(), strict=True):
             result.events[kind] = result.events.get(kind, 0) + count
         end = max(end, pc.max(chunk.column("end")).as_py())
+        if "gpu" in chunk.schema.names:
+            work = pc.filter(chunk.column("gpu"), pc.is_in(chunk.column("kind").cast(pa.string()), pa.array(GPU_WORK)))
+            touched.update(gpu for gpu in pc.unique(work).to_pylist() if gpu is not None and gpu >= 0)
         if "pid" in chunk.schema.names and "tid" in chunk.schema.names:
             pid_tid = np.unique(chunk.column("pid").to_numpy() * (1 << 24) + chunk.column("tid").to_numpy())
             threads.update((int(v) >> 24, int(v) & 0xFFFFFF) for v in pid_tid)

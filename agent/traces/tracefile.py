@@ -2,8 +2,8 @@
 
 Formats are told by content: an Nsight Systems export is a SQLite file; a PyTorch-profiler
 (Kineto) trace is Chrome-trace JSON, plain or gzip. The name only decides which reader refuses
-content that is neither (`*.json`: Kineto's; else nsys's, which tells how to export a
-`.nsys-rep`), so that the refusal says what was expected.
+content that is neither (`*.json`: Kineto's; a report, `.nsys-rep`, `.qdrep`: nsys's, which
+tells how to export it); anything else (CSV, text) is refused naming both formats.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 UTF8_BOM = b"\xef\xbb\xbf"
 NSYS_REPORTS = (".nsys-rep", ".qdrep")  # gzip-like reports nsys must export first
+ZIP_MAGIC = b"PK\x03\x04"  # an older report (.qdrep), whatever its name
+UNKNOWN_FORMAT = (
+    "not a SQLite file, nor JSON: tracehouse imports Nsight Systems SQLite exports (nsys export --type sqlite "
+    "REPORT.nsys-rep) and PyTorch-profiler traces (Chrome-trace JSON, .json or .json.gz)"
+)
 SNIFF_BYTES = 4096
 # Times of events from every source are ns in [0, MAX_TIME_NS] (1970 to 2200, as the server
 # takes them: tracehouse.model), an event lasts at most MAX_EVENT_NS (366 days) and moves at most
@@ -110,7 +115,11 @@ def sniff(path: Path) -> str:
         return "kineto"
     if not text and len(head) < SNIFF_BYTES:
         raise TraceFileError(f"{path.name}: empty file (only white space)")
-    return "kineto" if path.name.endswith((".json", ".json.gz")) else "nsys"
+    if path.name.endswith((".json", ".json.gz")):
+        return "kineto"  # its reader says what is wrong with the JSON
+    if path.suffix in NSYS_REPORTS or head.startswith(ZIP_MAGIC):
+        return "nsys"  # its reader says how to export the report
+    raise TraceFileError(f"{path.name}: {UNKNOWN_FORMAT}")
 
 
 # -- opening ------------------------------------------------------------------------------------

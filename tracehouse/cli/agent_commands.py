@@ -192,6 +192,7 @@ def run_import(args: argparse.Namespace) -> int:
     try:
         for index, path in enumerate(args.files):
             progress = _Progress(path.name) if sys.stderr.isatty() else None
+            sent, duplicates = writer.batches, writer.duplicates
             try:
                 result = import_export(
                     path, writer, args.run_name, args.host, dict(args.tag), progress, default_host=socket.gethostname(),
@@ -202,7 +203,7 @@ def run_import(args: argparse.Namespace) -> int:
                 status = max(status, EXIT_USAGE)
                 continue
             except WriteFailed as error:
-                print(f"tracehouse: {path.name}: the server did not take it: {error}", file=sys.stderr)
+                print(f"tracehouse: {path.name}: {_not_taken(error)}", file=sys.stderr)
                 return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
             except Exception as error:  # a reader's defect: still one line, never a traceback
                 reason = (str(error).strip().splitlines() or [""])[0][:200]
@@ -215,6 +216,9 @@ def run_import(args: argparse.Namespace) -> int:
             if not args.host and result.host == socket.gethostname():
                 print(f"tracehouse: {path.name}: filed under this machine, {result.host} (--host to choose another)",
                       file=sys.stderr)  # fmt: skip
+            stored_before = _stored_before(writer.batches - sent, writer.duplicates - duplicates, result.run_id)
+            if stored_before:
+                print(f"tracehouse: {path.name}: {stored_before}", file=sys.stderr)
             print(result.json(), flush=True)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
@@ -232,6 +236,28 @@ def _rank_of(job: str, index: int, files: int) -> Callable[[Mapping[str, str]], 
     from tracehouse.jobs import import_membership
 
     return lambda attrs: import_membership(job, index, files, attrs).attrs()
+
+
+def _stored_before(batches: int, duplicates: int, run_id: str) -> str:
+    """What a re-import stored: nothing (every batch was stored before), or the rest of an interrupted one."""
+    if not batches or not duplicates:
+        return ""
+    if duplicates == batches:
+        return f"stored already, as run {run_id} (imported before): nothing new was stored"
+    return f"imported before in part, as run {run_id}: {batches - duplicates} of its {batches} batches were new"
+
+
+def _not_taken(error: Exception) -> str:
+    """The server's refusal, and for a file stored before with other content (another tracehouse
+    version, --host or --run-name), that it is: the run it is stored as."""
+    import re
+
+    code = getattr(getattr(error, "code", None), "name", "")
+    found = re.search(r"batch_id '([^'/]+)/", str(error))
+    if code == "ALREADY_EXISTS" and found:
+        return (f"imported before, as run {found.group(1)}, with other details (another version of tracehouse, "
+                f"--host, --run-name or --tag): it is stored already, and stays as it was ({error})")  # fmt: skip
+    return f"the server did not take it: {error}"
 
 
 class _Progress:

@@ -18,6 +18,9 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--batch-rows", type=_positive, default=100_000)
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
+    ingest.add_argument(
+        "--ack-once-stored", action="store_true", help="the server's --ack-once-stored (default: answered at the claim)"
+    )
     nsys = sub.add_parser(
         "import", help="events/s importing an Nsight Systems export vs a sqlite3 scan (--kineto: a PyTorch trace)"
     )
@@ -77,7 +80,7 @@ def _add_bench(commands: Any) -> None:
     )  # fmt: skip
     load.add_argument(
         "--ack-within-ms", type=_ack_within_ms, default=None, metavar="MS",
-        help="--writers: the server's --ack-within-ms (default: none, answered once stored)",
+        help="--writers: the server's --ack-within-ms (default: the server's)",
     )  # fmt: skip
     load.add_argument(
         "--readers", type=_positive, default=None, metavar="N",

@@ -21,6 +21,7 @@ from tracehouse.cli.agent_commands import (
 )
 from tracehouse.cli.bench_command import _add_bench
 from tracehouse.cli.capture_command import _add_capture, run_capture, run_captures
+from tracehouse.cli.docpages import add_doc_epilogs
 from tracehouse.cli.export_command import _add_export, run_export
 from tracehouse.cli.job_command import _add_job, run_job
 from tracehouse.cli.options import with_time_values
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_token(commands)
     _add_schema(commands)
-    return parser
+    return add_doc_epilogs(parser)
 
 
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE

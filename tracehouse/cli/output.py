@@ -23,7 +23,9 @@ import pandas as pd
 from tracehouse.readable import NAME_COLUMNS, OPAQUE_IDS, bytes_text, column_kind, readable
 
 FORMATS = ("table", "json", "csv")
-WIDE_ONLY = ("attrs", "extras")  # maps of any width: in --wide, JSON and CSV
+WIDE_ONLY = ("attrs", "extras", "top_kernels_full")  # maps of any width, full names: in --wide, JSON and CSV
+NARROW_ONLY = ("top_kernels",)  # short names with a full twin: tables without --wide
+UNCUT = ("top_kernels",)  # short names already, each with its share: cut, they would lose the share
 MAX_CELL = 48  # other text cut to this in a table (names get unique short forms instead)
 
 
@@ -33,6 +35,8 @@ def _time_columns(frame: pd.DataFrame) -> list[str]:
 
 def _as_ns(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
+    for column in [c for c in out.columns if pd.api.types.is_timedelta64_dtype(out[c].dtype)]:  # intervals: ns
+        out[column] = pd.array([None if pd.isna(v) else int(v.value) for v in out[column]], dtype="Int64")
     for column in _time_columns(out):
         values = out[column]
         out[column] = (
@@ -84,10 +88,10 @@ def table_text(frame: pd.DataFrame, wide: bool = False) -> str:
     """The frame as lines of text for a terminal: two spaces between columns, numbers right-aligned."""
     if frame.empty:
         return "(no rows)\n"
-    hide = () if wide else (*OPAQUE_IDS, *WIDE_ONLY)
+    hide = NARROW_ONLY if wide else (*OPAQUE_IDS, *WIDE_ONLY)
     kept = [str(c) for c in frame.columns if c not in hide]
     shown = readable(frame, name_width=None, hide=hide) if wide else readable(frame, hide=hide)
-    cuts = [not wide and c not in NAME_COLUMNS and column_kind(c, frame[c]) == "text" for c in kept]
+    cuts = [not wide and c not in (*NAME_COLUMNS, *UNCUT) and column_kind(c, frame[c]) == "text" for c in kept]
     columns = [
         [header, *(_cell(str(v), cut) for v in shown[header])] for header, cut in zip(shown.columns, cuts, strict=True)
     ]

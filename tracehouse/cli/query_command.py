@@ -60,7 +60,8 @@ def _add_query(commands: Any) -> None:
         "--format", choices=("table", "json", "csv"), default="table",
         help="table for people (human units); json and csv for programs (exact ns and bytes)",
     )  # fmt: skip
-    common.add_argument("--wide", action="store_true", help="tables: whole names, ids and attributes")
+    common.add_argument("--wide", "--full-names", dest="wide", action="store_true",
+                        help="tables: whole names (not their short forms), ids and attributes")  # fmt: skip
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default %(default)s)")
     sub = query.add_subparsers(dest="what", required=True, metavar="WHAT")
 
@@ -112,6 +113,11 @@ def _add_query(commands: Any) -> None:
     gpu_time.add_argument(
         "--max-gaps", type=_positive, default=None, metavar="N",
         help=f"the longest N gaps (default {TABLE_GAPS} in a table, {DATA_GAPS} in json and csv)",
+    )  # fmt: skip
+    gpu_time.add_argument(
+        "--over", choices=("run", "profiler-steps"), default="run",
+        help="busy %% over the run's window (default), or over its profiler steps on the GPU (ProfilerStep#N, "
+        "as AMD TraceLens measures it); each row's window column says which",
     )  # fmt: skip
     nvtx_gpu = sub.add_parser("nvtx-gpu", parents=[common], help="NVTX ranges projected onto the GPU work they launch")
     _add_window(nvtx_gpu)
@@ -167,7 +173,15 @@ def run_query(args: argparse.Namespace) -> int:
     try:
         return _answer(client, args)
     except QueryFailed as error:
+        from tracehouse.cli.query_hints import range_among_steps
+
+        retry, hint = range_among_steps(client, args, str(error))
+        if retry is not None:  # a ProfilerStep#N stored as a step: the question over its span
+            print(f"tracehouse: {hint}", file=sys.stderr)
+            return _answer(client, retry)
         print(f"tracehouse: {pasteable(str(error), getattr(args, 'typed', []))}", file=sys.stderr)
+        if hint:
+            print(f"tracehouse: {hint}", file=sys.stderr)
         return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
     finally:
         client.close()
@@ -203,11 +217,17 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         if table and "name_cut" in frame:  # a cut name ends in … where people read it
             frame = frame.drop(columns="name_cut")
     elif args.what == "gpu-time":
-        gpu_time = client.gpu_time(args.min_gap, args.max_gaps or (TABLE_GAPS if table else DATA_GAPS), **_window(args))
+        from query.stepwindow import gpu_time_over
+
+        gaps_asked = args.max_gaps or (TABLE_GAPS if table else DATA_GAPS)
+        gpu_time = gpu_time_over(client, args.over, args.min_gap, gaps_asked, **_window(args))
         note = more_gaps(gpu_time["gaps"], args.min_gap, getattr(args, "typed", [])) if table else ""
         frame = gpu_time
     elif args.what == "nvtx-gpu":
+        from tracehouse.cli.query_hints import drop_empty_ranges
+
         frame = client.nvtx_gpu(args.ranges or 0, **_window(args))
+        frame = drop_empty_ranges(frame, args.ranges) if args.format != "json" else frame
         note = both_styles(frame["summary"]) if table else ""
     elif args.what == "phases":
         frame = client.phases(**_window(args))
@@ -235,6 +255,13 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         frame = client.sql(text, args.max_rows or 0)
         if frame.attrs.get("truncated"):
             print(f"tracehouse: result truncated to {len(frame)} rows", file=sys.stderr)
+        if table:
+            from tracehouse.cli.query_hints import sql_note
+
+            if sql_note(frame, text):
+                print(sql_note(frame, text), file=sys.stderr)
+    if table:
+        frame = _clock_for_people(client, args, frame)
     if isinstance(frame, dict):
         render_many(frame, args.format, wide=args.wide)
     else:
@@ -242,6 +269,27 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     if note:
         print(note)
     return 0
+
+
+def _clock_for_people(
+    client: Client, args: argparse.Namespace, frame: pd.DataFrame | dict[str, pd.DataFrame]
+) -> pd.DataFrame | dict[str, pd.DataFrame]:
+    """A table's times where a run has no wall clock: offsets from its start (+3.362 s) for a question
+    about one such run (--run), 'no wall clock' for such runs' starts in compare; never 1970 dates."""
+    from tracehouse.wallclock import as_offsets, run_clock, starts_without_wall_clock
+
+    if args.what == "compare" and not isinstance(frame, dict) and "run_id" in frame:
+        runs = client.runs(limit=DEFAULT_LIMITS.max_list_rows)
+        relative = dict(zip(runs["run_id"].astype(str), runs["relative_time"].astype(bool), strict=True))
+        return starts_without_wall_clock(frame, relative)
+    if not getattr(args, "run", ""):
+        return frame
+    wall_clock, origin = run_clock(client.runs(name_contains=args.run, limit=DEFAULT_LIMITS.max_list_rows), args.run)
+    if wall_clock:
+        return frame
+    if isinstance(frame, dict):
+        return {name: as_offsets(part, origin) for name, part in frame.items()}
+    return as_offsets(frame, origin)
 
 
 def _headline(runs: pd.DataFrame, changes: pd.DataFrame) -> None:

@@ -57,7 +57,7 @@ log = logging.getLogger("tracehouse.serve")
 
 # Threads for calls: a write holds one until the group holding its batch is stored (ingest/groupcommit.py),
 # so a fleet needs hundreds; threads are made as calls come. More than this many, all wanting the GIL,
-# answered a thousand writers later, not sooner (README: A fleet).
+# answered a thousand writers later, not sooner (docs/benchmarks/history.md, A fleet).
 DEFAULT_WORKERS = 256
 INGEST = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
 QUERY = query_pb2.DESCRIPTOR.services_by_name["Query"]

@@ -120,14 +120,22 @@ def _add_serve(commands: Any) -> None:
             help="the batches of all writers are stored together, one insert per table at most every MS "
             "milliseconds (default %(default)s; 0: as soon as the one before is stored)",
         )
-        parser.add_argument(
+        acks = parser.add_mutually_exclusive_group()
+        acks.add_argument(
             "--ack-within-ms",
             type=_ack_within_ms,
-            default=None,
+            default=0,
             metavar="MS",
-            help="answer a writer within MS milliseconds once its batch is claimed (stored once, whatever "
-            "fails), even if the tables take longer; batches that describe runs wait until stored "
-            "(default: answered once stored, or once claimed while writers are being told to retry later)",
+            help="a writer is answered once its batch is claimed (kept whole in the store, stored once "
+            "whatever fails; reads through this server wait for it), or once stored if that comes within MS "
+            "milliseconds (default %(default)s); batches that describe runs, and import chunks, are answered "
+            "once stored",
+        )
+        acks.add_argument(
+            "--ack-once-stored",
+            action="store_true",
+            help="answer every writer only once its batch is in the tables (but while writers are being told "
+            "to retry later): lower throughput, and reads through any server see what was answered",
         )
         parser.add_argument(
             "--commit-rows",
@@ -152,7 +160,7 @@ def _add_serve(commands: Any) -> None:
             default=None,
             metavar="FILE",
             help="YAML rules that ask running training runs for a capture when their GPUs' telemetry says so "
-            "(README: Capture on a rule)",
+            "(docs/how-to/capture.md, Capture on a rule)",
         )
     for parser in (serve, up):
         _add_server_security(parser)
@@ -237,7 +245,7 @@ def run_serve(args: argparse.Namespace) -> int:
             commit=CommitPolicy(
                 args.commit_interval_ms / 1000,
                 args.commit_rows,
-                None if args.ack_within_ms is None else args.ack_within_ms / 1000,
+                None if args.ack_once_stored else args.ack_within_ms / 1000,
             ),
             capture_rules=rules,
         )

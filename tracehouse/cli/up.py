@@ -74,6 +74,22 @@ def start_ui(
         raise
 
 
+def torch_hint() -> str:
+    """The command that installs torch into the environment tracehouse runs in (its `torch` extra's
+    version), as it can be pasted: a bare `pip` may be another environment's."""
+    from importlib import metadata
+
+    wanted = "torch"
+    try:
+        for requirement in metadata.requires("tracehouse") or []:
+            spec, _, marker = requirement.partition(";")
+            if spec.strip().startswith("torch") and "torch" in marker:
+                wanted = spec.strip().replace(" ", "")
+    except metadata.PackageNotFoundError:
+        pass
+    return shlex.join([sys.executable, "-m", "pip", "install", wanted])
+
+
 def ui_environment(server: str, security: ClientSecurity | None) -> dict[str, str]:
     """This process's environment with the server's address and `security` as the variables
     that the app's Client reads (and none of this process's own credentials or store settings),
@@ -191,7 +207,7 @@ class Up:
         from tracehouse.cli.demo_train import torch_available
 
         if not torch_available():
-            print("tracehouse: `pip install torch` would add a real training run to --demo", file=sys.stderr)
+            print(f"tracehouse: {torch_hint()} would add a real training run to --demo", file=sys.stderr)
             self.trainer_done.set()
             return
         token = self.agent_token

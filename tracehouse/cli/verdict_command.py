@@ -90,7 +90,7 @@ def group(text: str) -> list[str] | dict[str, str]:
 def _add_verdict(commands: Any) -> None:
     verdict = commands.add_parser(
         "verdict", help="is B faster than A, by how much, how sure, and why",
-        description="Compare two groups of runs step by step: B's change per measure with a 95 %% interval, "
+        description="Compare two groups of runs step by step: B's change per measure with a 95 % interval, "
         "and where the step-time difference comes from. A group is RUN[,RUN...] or KEY=VALUE[,KEY=VALUE...].",
     )  # fmt: skip
     verdict.add_argument("a", type=group, metavar="A", help="the baseline: runs (ids or names) or tags")
@@ -103,13 +103,16 @@ def _add_verdict(commands: Any) -> None:
                          help="NVTX ranges so named are steps where a run has none (default: step, iteration, "
                          "ProfilerStep#N, ...)")  # fmt: skip
     verdict.add_argument("--window", type=_window, default=0, metavar="DURATION",
-                         help="runs without steps: compare windows this long (default 10s)")  # fmt: skip
+                         help="runs without steps: compare windows about this long that cover each run whole "
+                         "(default 10s)")  # fmt: skip
     verdict.add_argument("--min-effect", type=_fraction, default=0.0, metavar="PCT",
                          help="the smallest change worth telling (default 2%%)")  # fmt: skip
     verdict.add_argument("--fail-if-slower", type=_fraction, default=None, metavar="PCT",
                          help="exit 1 when B may be slower than this (the upper bound of its slowdown)")  # fmt: skip
     verdict.add_argument("--format", choices=("table", "json", "markdown"), default="table",
                          help="table for people; json for programs (exact ns); markdown for a PR comment")  # fmt: skip
+    verdict.add_argument("--full-names", "--wide", dest="wide", action="store_true",
+                         help="tables: kernels' whole names, not their short forms")  # fmt: skip
     verdict.add_argument("--timeout", type=_timeout, default=120.0, help="seconds (default %(default)s)")
     _add_server_option(verdict)
     _add_client_security(verdict)
@@ -131,6 +134,8 @@ def run_verdict(args: argparse.Namespace) -> int:
     finally:
         client.close()
     _print(frames, args)
+    if args.format == "table":
+        _advise(frames, getattr(args, "typed", []))
     return _gate(frames["measures"], args.fail_if_slower) if args.fail_if_slower is not None else 0
 
 
@@ -145,19 +150,36 @@ def _print(frames: dict[str, Any], args: argparse.Namespace) -> None:
         print(json.dumps(document))
     elif args.format == "markdown":
         print(verdict_text.markdown(frames, (_label(args.a), _label(args.b))), end="")
-    else:
-        print(verdict_text.headline(frames["measures"]))
-        print()
-        print(table_text(verdict_text.measures_rows(frames["measures"])), end="")
+    else:  # the rows are text for people already: printed whole (wide), never cut mid-word
+        print(verdict_text.headline(frames["measures"], frames["runs"]))
+        if not frames["measures"].empty:
+            print()
+            print(table_text(verdict_text.measures_rows(frames["measures"]), wide=True), end="")
         for name, title in verdict_text.TITLES.items():
             if not frames[name].empty:
+                rows = verdict_text.parts_rows(frames[name], total=verdict_text.TOTALS[name], full_names=args.wide)
                 print(f"\n{title}")
-                print(table_text(verdict_text.parts_rows(frames[name], total=verdict_text.TOTALS[name])), end="")
+                print(table_text(rows, wide=True), end="")
         print()
-        print(table_text(verdict_text.runs_rows(frames["runs"])), end="")
+        print(table_text(verdict_text.runs_rows(frames["runs"]), wide=True), end="")
     if args.format != "json":
         for note in frames["measures"].attrs.get("notes", []):
             print(f"tracehouse: {note}", file=sys.stderr)
+
+
+def _advise(frames: dict[str, Any], typed: list[str]) -> None:
+    """When the verdict cannot tell: what to add, as a command that runs when pasted."""
+    import shlex
+
+    from query import verdict_text
+    from tracehouse.cli.options import command_name
+    from tracehouse.cli.query_command import _without
+
+    said, options = verdict_text.advice(frames["measures"], frames["runs"])
+    if said:
+        print(f"\n{said}")
+    if options:
+        print(f"  {command_name()} {shlex.join([*_without(options[0], typed), *options])}")
 
 
 def _gate(measures: Any, threshold: float) -> int:

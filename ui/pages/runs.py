@@ -13,6 +13,8 @@ from ui.data import ask, stop_if_empty
 from ui.tables import styled
 from ui.view import View
 
+TAG_CHAR_PX = 8  # a character of the grid's font, at most
+
 st.title("Runs")
 stop_if_empty()
 search, host, source = st.columns([3, 2, 2])
@@ -24,20 +26,27 @@ chosen_source = source.selectbox("Source", ["", *RUN_SOURCES], format_func=lambd
 found = ask("runs", host=chosen_host, source=chosen_source, name_contains=text.strip())
 devices = ask("devices")
 gpus = gpu_counts(found, devices, lambda runs: ask("compare", runs))
-table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI
+table = pd.DataFrame(  # what tells runs apart first; the id last, for the CLI (hidden: said when picked)
     {
         "name": found["name"],
+        # tags next to the name they qualify: the columns after them may run past a narrow screen's edge
+        "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
         "start": run_starts(found["start"], found["relative_time"]),
         "duration_s": (found["end"] - found["start"]).dt.total_seconds(),
         "gpus": pd.array([gpus.get(run) for run in found["run_id"]], dtype="Int64"),
         "host": found["host"],
         "source": found["source"],
-        "tags": [", ".join(f"{k}={v}" for k, v in sorted(tags.items())) for tags in found["tags"]],
         "run": found["run_id"],
     }
 )
 st.caption(f"{len(table)} runs" + (" (open runs have no duration yet)" if table["duration_s"].isna().any() else ""))
-st.dataframe(styled(table), hide_index=True, width="stretch", placeholder="")
+longest = max((len(tags) for tags in table["tags"]), default=0)  # the grid sized it by a sample of cells: cut
+tags_width = min(max(TAG_CHAR_PX * longest + 24, 60), 400)
+st.dataframe(
+    styled(table), hide_index=True, width="stretch", placeholder="",
+    # the id is for the CLI: said under the picker once a run is picked, so the columns people read fit
+    column_config={"tags": st.column_config.TextColumn(width=tags_width), "run": None},
+)  # fmt: skip
 labels = run_label(found)
 selected = st.multiselect(
     "Select one run for its timeline, or two to compare",
@@ -45,6 +54,8 @@ selected = st.multiselect(
     format_func=lambda run: labels.get(run, run),
     max_selections=2,
 )
+if selected:
+    st.caption("For the CLI (`--run`): " + ", ".join(f"`{run}`" for run in selected))
 timeline, compare, _ = st.columns([1, 1, 4])
 if timeline.button("Open timeline", disabled=len(selected) != 1, type="primary"):
     view = View(run=selected[0])

@@ -30,15 +30,23 @@ view = scope.view
 window = scope.window()
 available = sorted(ask("metrics", **window)["metric"].unique())
 shown = [m for m in view.metrics if m in available]
-metrics = st.multiselect(
-    "Metrics",
-    available,
-    default=shown,
-    key=f"metrics-{stamp(view)}",
-    help="NVML series, one line per GPU, downsampled on the server to the screen's width",
-)
-if metrics != shown:
-    show(replace(view, metrics=tuple(metrics)))
+if available:
+    metrics = st.multiselect(
+        "Metrics",
+        available,
+        default=shown,
+        key=f"metrics-{stamp(view)}",
+        help="NVML series, one line per GPU, downsampled on the server to the screen's width",
+    )
+    if metrics != shown:
+        show(replace(view, metrics=tuple(metrics)))
+else:
+    metrics = []
+    where = "This run has" if view.run else "This window has"
+    st.caption(
+        f"{where} no telemetry (GPU utilisation, memory, power): a trace file holds none, and no agent "
+        "sampled these GPUs at the time. Its GPU work is in the lanes below."
+    )
 kinds = st.multiselect("Lanes", LANE_KINDS, default=LANE_KINDS, help="kinds of events drawn below the series")
 zoom_buttons(scope, "timeline")
 
@@ -61,13 +69,16 @@ if events_in_window and events is None:
         "drawn one by one once they are few enough."
     )
 drawn = series if series is not None else pd.DataFrame(columns=["host", "gpu", "metric", "bucket_start"])
-span = figures.Window(scope.start_ns, scope.end_ns)
+span = figures.Window(scope.start_ns, scope.end_ns, scope.relative, scope.origin_ns)
 figure = figures.timeline(
     span,
     drawn,
     [m for m in metrics if m in set(drawn["metric"])],
     lanes=None if events is not None else lanes,
     events=events,
+    known_names=ask("summary", "kernels", run=view.run)["name"].astype(str).tolist()
+    if events is not None and view.run
+    else (),
 )
 chosen = st.plotly_chart(
     figure, on_select="rerun", selection_mode="box", key=f"timeline-{stamp(view)}", config={"displaylogo": False}
