@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from query.captureframe import capture_dict
+from query.jobclient import JobView, job_view_of
 from tracehouse.channel import ClientSecurity, explain, open_channel
 from tracehouse.config import default_server
 from tracehouse.model import LANE_COLUMNS
@@ -153,6 +154,12 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
+
+    def job(self, job: str, steps: str = "", step_rows: bool = False) -> JobView:
+        """A distributed job: ranks, stragglers and why, collectives; `steps`: only the steps whose number
+        this regular expression finds; `step_rows`: every rank's steps too."""
+        request = query_pb2.JobRequest(job=job, step_pattern=steps, step_rows=step_rows)
+        return job_view_of(self._call("Job", request))
 
     def _call(self, method: str, request: Any, stub: Any = None) -> Any:
         try:

@@ -432,6 +432,11 @@ class QueryService(query_pb2_grpc.QueryServicer):
             raise QueryError(f"{field}.tags", f"more than {verdict.MAX_GROUP_RUNS} runs carry these tags")
         return [run for run in found if not run["importing"]]
 
+    def Job(self, request: query_pb2.JobRequest, context: Any) -> query_pb2.JobResponse:
+        from query.jobservice import job_response
+
+        return job_response(self.store, request, self._within)
+
     def Sql(self, request: query_pb2.SqlRequest, context: Any) -> query_pb2.Table:
         if not request.sql.strip():
             raise QueryError("sql", "empty")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from store.jobtables import JOB_TABLES
 from store.schema import (
     Alter,
     Drop,
@@ -169,12 +170,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             *(Alter(name, "MODIFY SETTING merge_selector_base = 20") for name in ROLLUP_SECONDS),
         ),
     ),
+    Migration(14, "distributed jobs: each rank with its clock alignment, and its steps in parts", JOB_TABLES),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
 
 TABLES_BY_NAME = {
-    table.name: table for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING, CAPTURES, *KEPT)
+    table.name: table
+    for table in (RUNS, DEVICES, SAMPLES, EVENTS, INGEST_BATCHES, INGEST_PENDING, CAPTURES, *KEPT, *JOB_TABLES)
 } | {name: table for name, (table, _) in ROLLUPS.items()}
 # what `--retention NAME=DURATION` may name, and the tables each name stands for
 RETENTION_NAMES = {

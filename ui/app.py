@@ -13,6 +13,7 @@ pages = [
     st.Page("pages/timeline.py", title="Timeline"),
     st.Page("pages/kernels.py", title="Kernels & phases"),
     st.Page("pages/compare.py", title="Compare"),
+    st.Page("pages/job.py", title="Job"),
     st.Page("pages/sql.py", title="SQL"),
 ]
 st.navigation(pages).run()

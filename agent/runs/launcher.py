@@ -42,6 +42,7 @@ from agent.shipping.shipper import Shipper
 from agent.shipping.spool import Spool
 from tracehouse import __version__
 from tracehouse.ids import make_run_id
+from tracehouse.jobs import JOB_ENV, job_from_environment
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -323,6 +324,9 @@ class Launcher:
         }
         if spec.gpus:
             attrs["gpus"] = ",".join(map(str, spec.gpus))
+        membership = job_from_environment(env)
+        if membership is not None and env.get(JOB_ENV):  # named by --job; not a job the shell it runs in is in
+            attrs.update(membership.attrs())
         for name in (*RECORDED_ENV, *self.settings.record_env):
             if env.get(name):
                 attrs[f"env.{name}"] = env[name][:1024]

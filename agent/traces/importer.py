@@ -91,13 +91,15 @@ def import_export(
     progress: Progress | None = None,
     default_host: str = "",
     into_run: str = "",
+    job: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
 ) -> ImportResult:
     """Import an nsys export or a Kineto trace, told apart by content. Raises TraceFileError
     (NsysError, KinetoError) for a file that cannot be imported; nothing of it becomes visible.
     The run is filed under `host`, else the host the file names, else a host key of its own
     (filed_under). `default_host` is not used: the importing machine is not where a trace that names
     no host ran. `into_run`: the rows go to this run, which the caller describes (its description then
-    says whether the import finished); no run rows are written."""
+    says whether the import finished); no run rows are written. `job`: the job attrs of the run, made
+    from the trace's own (tracehouse.jobs.import_membership)."""
     del default_host
     started = time.monotonic()
     with open_trace(path) as trace:
@@ -115,6 +117,9 @@ def import_export(
             "tags": dict(tags or {}),
             "attrs": _hostless(trace.attrs(), host, run_id),
         }
+        if job is not None:
+            result.attrs = dict(job(run["attrs"]))
+            run["attrs"].update(result.attrs)
         version = _describe(run)
         if not into_run:
             # The begin describes the file, whatever the caller names and tags it: importing a finished
@@ -167,6 +172,7 @@ def _ship(
     result.skipped = trace.skipped()
     run["start"] = trace.start_ns  # a Kineto trace's earliest event is known once it is read
     run["attrs"] = {
+        **result.attrs,  # the caller's (a job's), set before the import
         **_hostless(trace.attrs(), host, run_id),
         **_gpus(len(trace.devices()), touched),
         **{f"events.{k}": str(v) for k, v in sorted(result.events.items())},

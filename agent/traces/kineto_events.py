@@ -321,6 +321,8 @@ class EventRows:
                     occupancy = args.get("est. achieved occupancy %")
                     if type(occupancy) in (int, Decimal, float):
                         extras["occupancy_pct"][row] = number_text(occupancy)
+                    if "In msg nelems" in args:  # a collective's kernel (PyTorch 2.2 on): its message's bytes
+                        size = message_bytes(args)
                 elif kind == "memcpy" or kind == "memset":
                     name, memory = self._memory(name)
                     if memory:
@@ -474,3 +476,23 @@ def _dims(value: Any) -> list[int] | None:
     ):
         return value
     return None
+
+
+# bytes per element of the dtypes PyTorch names in a collective's args
+DTYPE_BYTES = {
+    "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Short": 2, "Byte": 1, "Char": 1,
+    "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+}  # fmt: skip
+
+
+def message_bytes(args: dict[str, Any]) -> int:
+    """A collective's size as nccl-tests counts it: the larger of its input and output messages
+    (`In msg nelems`, `Out msg nelems`) times its dtype's bytes; 0 where either is not known."""
+    dtype = args.get("dtype")
+    width = DTYPE_BYTES.get(dtype) if type(dtype) is str else None
+    counts = [uint_below(args.get(key), MAX_EVENT_BYTES + 1) for key in ("In msg nelems", "Out msg nelems")]
+    known = [count for count in counts if count is not None]
+    if width is None or not known or max(known) * width > MAX_EVENT_BYTES:
+        return 0
+    return max(known) * width

@@ -42,6 +42,7 @@ from agent.training.records import (
 from agent.training.torch_support import _nvtx_module, _snapshot
 from agent.training.worker import _RunWorker
 from tracehouse import __version__, config
+from tracehouse.jobs import job_from_environment
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -66,7 +67,9 @@ class Run(_RunWorker):
     ranks but one); flush_interval: seconds a batch stays open; end_timeout: seconds the end
     tries to ship what is pending; spool_max_bytes: bound on the run's spool (the oldest
     batches go first, counted); capture_profiler: makes the profiler of a capture asked with
-    `tracehouse capture` (default: torch.profiler; see agent/training/capture.py)."""
+    `tracehouse capture` (default: torch.profiler; see agent/training/capture.py); job: the distributed
+    job this process is a rank of (default: from RANK, WORLD_SIZE, LOCAL_RANK and the torchrun, Slurm or
+    MPI variables; tracehouse/jobs.py)."""
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class Run(_RunWorker):
         end_timeout: float = END_TIMEOUT_S,
         spool_max_bytes: int = 1 << 30,
         capture_profiler: Callable[[], Profiler] | None = None,
+        job: str | None = None,
     ) -> None:
         self.name = str(name)
         self.tags = _clean_map(tags, "tag")
@@ -120,6 +124,7 @@ class Run(_RunWorker):
         self._capture: Capture | None = None  # a capture armed or under way (agent/training/capture.py)
         self._capturer: Capturer | None = None
         self._capture_profiler = capture_profiler
+        self._job = job
         if enabled:
             try:
                 self._start(nvtx)
@@ -276,6 +281,9 @@ class Run(_RunWorker):
             if os.environ.get(variable):
                 attrs[variable.lower()] = os.environ[variable][:1024]
         attrs["nvtx"] = "on" if self._nvtx is not None else "off"
+        membership = job_from_environment(os.environ, self._job)
+        if membership is not None:
+            attrs.update(membership.attrs())
         return attrs
 
     def __enter__(self) -> Run:

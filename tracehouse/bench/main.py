@@ -92,6 +92,12 @@ def _main(args: argparse.Namespace) -> int:
         result = bench_verdict(args.trials, args.served_trials)
         print(json.dumps(result, indent=2))
         return 0 if result["goal"]["met"] else 1
+    if args.what == "job":
+        from tracehouse.bench.job import bench_job
+
+        result = bench_job(args.ranks, args.steps, args.repeats)
+        print(json.dumps(result, indent=2))
+        return 0 if result["goal"]["met"] else 1
     if args.what == "run":
         from tracehouse.bench.run import bench_run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,11 @@ def _add_import(commands: Any) -> None:
     imports.add_argument(
         "--tag", action="append", type=_tag, default=[], metavar="KEY=VALUE", help="repeat for several"
     )
+    imports.add_argument(
+        "--job", default=None, metavar="ID",
+        help="the files are the ranks of one distributed job, one rank a file: its rank from the trace's "
+        "distributedInfo, else the file's place among FILES (from 0); see `tracehouse job ID`",
+    )  # fmt: skip
     _add_client_security(imports)
 
 
@@ -170,15 +176,27 @@ def run_import(args: argparse.Namespace) -> int:
     from agent.traces.importer import import_export
     from agent.traces.tracefile import TraceFileError
 
+    job = None
+    if args.job is not None:
+        from tracehouse.jobs import JobError, check_job_id
+
+        try:
+            job = check_job_id(args.job, "--job")
+        except JobError as error:
+            print(f"tracehouse: {error}", file=sys.stderr)
+            return EXIT_USAGE
     writer = BatchWriter(args.server or config.default_server(), _client_security(args))
     status = 0
     path = args.files[0]
     try:
-        for path in args.files:
+        for index, path in enumerate(args.files):
             progress = _Progress(path.name) if sys.stderr.isatty() else None
             sent, duplicates = writer.batches, writer.duplicates
             try:
-                result = import_export(path, writer, args.run_name, args.host, dict(args.tag), progress)
+                result = import_export(
+                    path, writer, args.run_name, args.host, dict(args.tag), progress,
+                    job=None if job is None else _rank_of(job, index, len(args.files)),
+                )  # fmt: skip
             except TraceFileError as error:
                 print(f"tracehouse: {error}", file=sys.stderr)
                 status = max(status, EXIT_USAGE)
@@ -211,6 +229,12 @@ def run_import(args: argparse.Namespace) -> int:
     finally:
         writer.close()
     return status
+
+
+def _rank_of(job: str, index: int, files: int) -> Callable[[Mapping[str, str]], Mapping[str, str]]:
+    from tracehouse.jobs import import_membership
+
+    return lambda attrs: import_membership(job, index, files, attrs).attrs()
 
 
 def _stored_before(batches: int, duplicates: int, run_id: str) -> str:

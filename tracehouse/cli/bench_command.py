@@ -98,6 +98,10 @@ def _add_bench(commands: Any) -> None:
         "--served-trials", type=_positive, default=100, metavar="N",
         help="trials through a real server, for the parts (default %(default)s)",
     )  # fmt: skip
+    job = sub.add_parser("job", help="the job view of 1,024 ranks x 2,000 steps vs the engine's scan of its rows")
+    job.add_argument("--ranks", type=_positive, default=1024, help="ranks (default %(default)s)")
+    job.add_argument("--steps", type=_positive, default=2000, help="steps of each rank (default %(default)s)")
+    job.add_argument("--repeats", type=_positive, default=3, help="timed asks of each (default %(default)s)")
     run = sub.add_parser("run", help="what `tracehouse run` adds to a command: start/end seconds, CPU while it runs")
     run.add_argument(
         "--reps", type=_positive, default=5, help="runs of each kind for the medians (default %(default)s)"

@@ -23,6 +23,7 @@ from tracehouse.cli.bench_command import _add_bench
 from tracehouse.cli.capture_command import _add_capture, run_capture, run_captures
 from tracehouse.cli.docpages import add_doc_epilogs
 from tracehouse.cli.export_command import _add_export, run_export
+from tracehouse.cli.job_command import _add_job, run_job
 from tracehouse.cli.options import with_time_values
 from tracehouse.cli.query_command import _add_query, run_query
 from tracehouse.cli.run_command import _add_run, run_run
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_capture(commands)
     _add_query(commands)
     _add_verdict(commands)
+    _add_job(commands)
     _add_export(commands)
     _add_bench(commands)
     _add_token(commands)
@@ -81,6 +83,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_query(args)
     if args.command == "verdict":
         return run_verdict(args)
+    if args.command == "job":
+        return run_job(args)
     if args.command == "export":
         return run_export(args)
     if args.command in ("serve", "up"):

@@ -18,6 +18,7 @@ from tracehouse.cli.options import (
     _tag,
     _tick,
 )
+from tracehouse.jobs import JOB_ENV
 
 if TYPE_CHECKING:
     from agent.runs.children import Signals
@@ -55,11 +56,24 @@ def _add_run(commands: Any) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME",
                      help="also record this environment variable (CUDA_VISIBLE_DEVICES, NCCL_*, ... are)")  # fmt: skip
     run.add_argument("--host", default="", help="host name to record (default: this machine's)")
+    run.add_argument("--job", default=None, metavar="ID",
+                     help="the distributed job the command is (a rank of, where RANK or SLURM_PROCID is set): "
+                     "its training runs name it too (TRACEHOUSE_JOB); see `tracehouse job ID`")  # fmt: skip
     run.add_argument(
         "--spool", type=Path, default=None, metavar="DIR",
         help="folder of the runs' spools (default $TRACEHOUSE_HOME/spool/runs)",
     )  # fmt: skip
     _add_client_security(run)
+
+
+def _job_id(job: str) -> str:
+    from agent.runs import runargs
+    from tracehouse.jobs import JobError, check_job_id
+
+    try:
+        return check_job_id(job, "--job")
+    except JobError as error:
+        raise runargs.LaunchError(str(error)) from None
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -106,9 +120,11 @@ def _run_run(args: argparse.Namespace, signals: Signals) -> int:
             if args.name or args.gpus or args.nsys:
                 raise runargs.LaunchError("--matrix: set name, gpus and nsys for each experiment in the file")
             matrix = load_matrix(args.matrix)
+            job_env = {JOB_ENV: _job_id(args.job)} if args.job is not None else {}
             slots = [
                 tuple(dataclasses.replace(spec, tags=runargs.check_tags(
-                    {**tags, **spec.tags}, f"{args.matrix.name} line {spec.line}: tags")) for spec in slot)
+                    {**tags, **spec.tags}, f"{args.matrix.name} line {spec.line}: tags"), env={**spec.env, **job_env})
+                      for spec in slot)
                 for slot in matrix.slots
             ]  # fmt: skip
             if any(spec.nsys for slot in slots for spec in slot):
@@ -118,6 +134,8 @@ def _run_run(args: argparse.Namespace, signals: Signals) -> int:
         if args.nsys:
             runargs.nsys_path()
         spec = runargs.single_spec(command, args.name, tags, gpus, args.nsys, nsys_args)
+        if args.job is not None:
+            spec = dataclasses.replace(spec, env={**spec.env, JOB_ENV: _job_id(args.job)})
         return experiments.run_one(settings, spec, signals)
     except (runargs.LaunchError, MatrixError) as error:
         print(f"tracehouse: {error}", file=sys.stderr)

@@ -347,3 +347,31 @@ class VerdictResponse(_message.Message):
     notes: _containers.RepeatedScalarFieldContainer[str]
     phase_work: Table
     def __init__(self, measures: _Optional[_Union[Table, _Mapping]] = ..., parts: _Optional[_Union[Table, _Mapping]] = ..., runs: _Optional[_Union[Table, _Mapping]] = ..., phases: _Optional[_Union[Table, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., phase_work: _Optional[_Union[Table, _Mapping]] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("job", "step_pattern", "step_rows")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step_pattern: str
+    step_rows: bool
+    def __init__(self, job: _Optional[str] = ..., step_pattern: _Optional[str] = ..., step_rows: _Optional[bool] = ...) -> None: ...
+
+class JobResponse(_message.Message):
+    __slots__ = ("ranks", "stragglers", "telemetry", "collectives", "steps", "notes", "generation")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ranks: Table
+    stragglers: Table
+    telemetry: Table
+    collectives: Table
+    steps: Table
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    generation: str
+    def __init__(self, ranks: _Optional[_Union[Table, _Mapping]] = ..., stragglers: _Optional[_Union[Table, _Mapping]] = ..., telemetry: _Optional[_Union[Table, _Mapping]] = ..., collectives: _Optional[_Union[Table, _Mapping]] = ..., steps: _Optional[_Union[Table, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., generation: _Optional[str] = ...) -> None: ...

@@ -113,6 +113,11 @@ class QueryStub:
                 request_serializer=tracehouse_dot_v1_dot_query__pb2.VerdictRequest.SerializeToString,
                 response_deserializer=tracehouse_dot_v1_dot_query__pb2.VerdictResponse.FromString,
                 _registered_method=True)
+        self.Job = channel.unary_unary(
+                '/tracehouse.v1.Query/Job',
+                request_serializer=tracehouse_dot_v1_dot_query__pb2.JobRequest.SerializeToString,
+                response_deserializer=tracehouse_dot_v1_dot_query__pb2.JobResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -230,6 +235,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Job(self, request, context):
+        """A distributed job: its ranks, the stragglers that held it back (by how much, and why), its
+        collectives and the ranks' clock alignment (query/jobview.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -307,6 +320,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Verdict,
                     request_deserializer=tracehouse_dot_v1_dot_query__pb2.VerdictRequest.FromString,
                     response_serializer=tracehouse_dot_v1_dot_query__pb2.VerdictResponse.SerializeToString,
+            ),
+            'Job': grpc.unary_unary_rpc_method_handler(
+                    servicer.Job,
+                    request_deserializer=tracehouse_dot_v1_dot_query__pb2.JobRequest.FromString,
+                    response_serializer=tracehouse_dot_v1_dot_query__pb2.JobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -718,6 +736,33 @@ class Query:
             '/tracehouse.v1.Query/Verdict',
             tracehouse_dot_v1_dot_query__pb2.VerdictRequest.SerializeToString,
             tracehouse_dot_v1_dot_query__pb2.VerdictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Job(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tracehouse.v1.Query/Job',
+            tracehouse_dot_v1_dot_query__pb2.JobRequest.SerializeToString,
+            tracehouse_dot_v1_dot_query__pb2.JobResponse.FromString,
             options,
             channel_credentials,
             insecure,
