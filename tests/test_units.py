@@ -123,3 +123,11 @@ def test_a_run_without_a_wall_clock_does_not_start_in_1970() -> None:
 
     starts = pd.Series(pd.to_datetime([0, 1_796_143_961_128_907_556], utc=True))
     assert run_starts(starts, pd.Series([True, False])) == [NO_WALL_CLOCK, "2026-12-01 16:52:41.128 UTC"]
+
+
+def test_rates_and_diffs_counts_read_as_people_read_them() -> None:
+    from tracehouse.readable import column_kind, header
+
+    assert header("algbw_bytes_per_s", column_kind("algbw_bytes_per_s")) == "algbw"  # "algbw per" before
+    answer = readable(pd.DataFrame({"name": ["k"], "instances_a": [4350], "instances_b": [12_000]}))
+    assert answer.iloc[0].tolist()[1:] == ["4,350", "12,000"]

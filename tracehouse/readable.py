@@ -85,7 +85,7 @@ def column_kind(name: str, values: pd.Series | None = None) -> str:
         return "power"
     if "mhz" in tokens:
         return "clock"
-    if name in COUNTS:
+    if name in COUNTS or (name[:-2] in COUNTS and name[-2:] in ("_a", "_b")):  # diff's instances_a
         return "count"
     if name in ("gpu", "stream"):
         return "index"
@@ -109,6 +109,8 @@ def header(name: str, kind: str) -> str:
         words.append("%")
     if kind == "rate" and words[-2:] == ["per", "s"]:
         words = words[:-2]
+    elif kind == "rate" and words[-1:] == ["per"]:  # algbw_bytes_per_s: the unit went with the tokens
+        words = words[:-1]
     return " ".join(word for word in words if word) or name
 
 
