@@ -26,6 +26,7 @@ PAGES: dict[str, str] = {
     "query diff": "docs/how-to/compare-runs.md",
     "query compare": "docs/how-to/compare-runs.md",
     "verdict": "docs/how-to/compare-runs.md",
+    "job": "docs/how-to/jobs.md",
     "export": "docs/how-to/export-perfetto.md",
     "bench": "docs/benchmarks/index.md",
     "token": "docs/how-to/security.md",
