@@ -304,7 +304,9 @@ def more_gaps(gaps: pd.DataFrame, min_gap_ns: int, typed: Sequence[str]) -> str:
     total = int(gaps.attrs.get("gap_count", len(gaps)))
     if total <= len(gaps):
         return ""
-    again = [*_without("--max-gaps", typed), "--max-gaps", str(min(total, DEFAULT_LIMITS.max_list_rows))]
+    from tracehouse.cli.query_hints import without
+
+    again = [*without("--max-gaps", typed), "--max-gaps", str(min(total, DEFAULT_LIMITS.max_list_rows))]
     return (
         f"… and {count(total - len(gaps))} more idle gaps longer than {duration(min_gap_ns)}; "
         f"{command_name()} {shlex.join(again)} lists them"
@@ -321,21 +323,6 @@ def both_styles(summary: pd.DataFrame, shown: int = 5) -> str:
         return ""
     listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
     return f"Used both as push/pop and as start/end ranges, so one row per style: {listed}"
-
-
-def _without(option: str, typed: Sequence[str]) -> list[str]:
-    """`typed` less `option` and its value."""
-    out: list[str] = []
-    skip = False
-    for arg in typed:
-        if skip or arg.startswith(option + "="):
-            skip = False
-            continue
-        if arg == option:
-            skip = True
-            continue
-        out.append(arg)
-    return out
 
 
 def _connection(typed: Sequence[str]) -> list[str]:

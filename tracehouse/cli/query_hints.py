@@ -22,7 +22,7 @@ STEPS_LISTED = 5  # step numbers a hint names
 MAX_STEPS_READ = 100_000  # the run's steps read to find one
 
 
-def _without(option: str, typed: Sequence[str]) -> list[str]:
+def without(option: str, typed: Sequence[str]) -> list[str]:
     """`typed` less `option` and its value."""
     out: list[str] = []
     skip = False
@@ -39,7 +39,7 @@ def _without(option: str, typed: Sequence[str]) -> list[str]:
 
 def again(typed: Sequence[str], option: str, value: str) -> str:
     """The command as typed with `option` set to `value`, as it can be pasted here."""
-    return f"{command_name()} {shlex.join([*_without(option, typed), option, value])}"
+    return f"{command_name()} {shlex.join([*without(option, typed), option, value])}"
 
 
 def step_numbers(steps: pd.DataFrame) -> list[int]:

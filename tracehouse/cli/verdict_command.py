@@ -173,13 +173,13 @@ def _advise(frames: dict[str, Any], typed: list[str]) -> None:
 
     from query import verdict_text
     from tracehouse.cli.options import command_name
-    from tracehouse.cli.query_command import _without
+    from tracehouse.cli.query_hints import without
 
     said, options = verdict_text.advice(frames["measures"], frames["runs"])
     if said:
         print(f"\n{said}")
     if options:
-        print(f"  {command_name()} {shlex.join([*_without(options[0], typed), *options])}")
+        print(f"  {command_name()} {shlex.join([*without(options[0], typed), *options])}")
 
 
 def _gate(measures: Any, threshold: float) -> int:
