@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -18,13 +19,17 @@ from agent.shipping.spool import Spool
 from agent.shipping.stats import Stats
 from agent.telemetry.gpu import GpuBackend
 from agent.telemetry.host import HostSampler
-from agent.telemetry.sampler import Sampler
+from agent.telemetry.sampler import STAMP_NS, Sampler
 from agent.telemetry.schedule import run_fixed_rate
 from tracehouse import config
 from tracehouse.channel import ClientSecurity
 from tracehouse.ids import make_run_id
+from tracehouse.model import NO_GPU
 
 log = logging.getLogger("tracehouse.agent")
+
+CLOCK_OFFSET = "agent.clock_offset_ns"  # the server's wall clock less the host's (agent/shipping/clockoffset.py)
+CLOCK_OFFSET_UNCERTAINTY = "agent.clock_offset_uncertainty_ns"  # the true offset is within ± this
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,14 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, backend: GpuBackend) -> None:
+    """`wall_ns`: the host's wall clock, that readings are stamped with and the clock offset is of."""
+
+    def __init__(self, config: AgentConfig, backend: GpuBackend, wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.config = config
         self.backend = backend
         self.host = config.host or socket.gethostname()
-        self.started_ns = time.time_ns()
+        self.wall_ns = wall_ns
+        self.started_ns = wall_ns()
         self.run_id = make_run_id(config.run_name, self.host, self.started_ns)
         self.stats = Stats()
         self.earlier_dropped = 0
@@ -69,9 +77,13 @@ class Agent:
             on_duplicate=self._duplicate,
             security=config.security,
             max_backoff=config.max_backoff,
+            wall_ns=wall_ns,
         )
         self.batcher = Batcher(self.run_id, self.host, self.shipper.submit, config.flush_values, config.flush_interval)
-        self.sampler = Sampler(backend, self.batcher, self.stats, HostSampler() if config.host_metrics else None)
+        self.sampler = Sampler(
+            backend, self.batcher, self.stats, HostSampler() if config.host_metrics else None, wall_ns=wall_ns
+        )
+        self._offset_stamp = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._cpu_started = 0.0
@@ -136,7 +148,7 @@ class Agent:
         self.batcher.describe_devices(self.backend.devices())
         for name, interval, tick in (
             ("sampler", self.config.interval, self.sampler.fast_tick),
-            ("slow-sampler", self.config.slow_interval, self.sampler.slow_tick),
+            ("slow-sampler", self.config.slow_interval, self._slow_tick),
         ):
             thread = threading.Thread(target=run_fixed_rate, args=(interval, self._stop, tick), name=name, daemon=True)
             thread.start()
@@ -152,6 +164,21 @@ class Agent:
             replayer = threading.Thread(target=self._replay_runs, name="runs-replay", daemon=True)
             replayer.start()
             self._threads.append(replayer)
+
+    def _slow_tick(self, missed: int = 0) -> None:
+        self.sampler.slow_tick(missed)
+        self._record_clock_offset()
+
+    def _record_clock_offset(self) -> None:
+        """The host's clock offset to the server, once a write measured it since the last record."""
+        estimate = self.shipper.clock.fresh(time.monotonic_ns())
+        if estimate is None:
+            return
+        stamp = max(self.wall_ns() // STAMP_NS * STAMP_NS, self._offset_stamp + STAMP_NS)
+        self._offset_stamp = stamp
+        readings = {CLOCK_OFFSET: float(estimate.offset_ns), CLOCK_OFFSET_UNCERTAINTY: float(estimate.uncertainty_ns)}
+        self.batcher.add(stamp, NO_GPU, readings)
+        self.stats.add(sampled=len(readings))
 
     def _replay_runs(self) -> None:
         """Send what runs (`tracehouse run`, the training API) left in their spools for this
@@ -176,7 +203,7 @@ class Agent:
         cpu_seconds = time.process_time() - self._cpu_started
         if self._presence is not None:
             self._presence.close()
-        self._describe_run(end=time.time_ns())
+        self._describe_run(end=self.wall_ns())
         self.batcher.flush()
         self.shipper.shutdown(self.config.shutdown_timeout if shutdown_timeout is None else shutdown_timeout)
         self.backend.close()
@@ -194,7 +221,7 @@ class Agent:
             "earlier_dropped": "unknown" if self.earlier_unknown else self.earlier_dropped,
             "run_id": self.run_id,
             "cpu_seconds": round(cpu_seconds, 4),
-            "seconds": round((time.time_ns() - self.started_ns) / 1e9, 3),
+            "seconds": round((self.wall_ns() - self.started_ns) / 1e9, 3),
         }
         if self.earlier_unknown:
             log.warning(

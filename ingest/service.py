@@ -48,6 +48,7 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         self._stored_hosts: dict[str, str] = {}
 
     def Write(self, request: ingest_pb2.WriteRequest, context: Any, encoded: bytes = b"") -> ingest_pb2.WriteResponse:
+        arrived = now_ns()  # the writer's clock offset leaves out the time from here to the answer
         grant = CALLER.get()
         try:
             with self.admission.admit(len(encoded) or request.ByteSize(), context.time_remaining()) as admitted:
@@ -68,7 +69,8 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         if batch.runs is not None and not result.duplicate:
             self.on_runs_described()
         waiting = self.captures is not None and self.captures.waiting(request.batch.run_id, request.batch.batch_id)
-        return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, **result.rows)
+        return ingest_pb2.WriteResponse(duplicate=result.duplicate, capture_waiting=waiting, server_received_ns=arrived,
+                                        server_time_ns=now_ns(), **result.rows)  # fmt: skip
 
     def _write(
         self, batch: ValidatedBatch, received: int, grant: Grant, wanted: Callable[[], bool], admitted: Admitted

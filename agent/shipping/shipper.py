@@ -20,6 +20,7 @@ from enum import Enum
 
 import grpc
 
+from agent.shipping.clockoffset import ClockOffset, measure
 from agent.shipping.spool import EncodedBatch, Spool
 from tracehouse.channel import ClientSecurity, encoded_write, open_channel
 from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
@@ -79,7 +80,8 @@ class Shipper:
     `on_duplicate(batch_id, values)`, when given, is told instead of `on_stored` of a batch the
     server answered as one it had stored before (nothing new was stored: as when a replayed
     batch had reached the server before an agent's crash). `on_write(seconds, outcome)`, when
-    set, is told of every Write call and how long it took."""
+    set, is told of every Write call and how long it took. `clock` holds the host's clock offset to the
+    server that the answered writes measure (agent/shipping/clockoffset.py), on the wall clock `wall_ns`."""
 
     def __init__(
         self,
@@ -93,6 +95,7 @@ class Shipper:
         max_backoff: float = 30.0,
         on_duplicate: Callable[[str, int], None] | None = None,
         fresh_connection: bool = False,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.server = server
         self.spool = spool
@@ -104,6 +107,8 @@ class Shipper:
             server, security, [("grpc.max_send_message_length", TRANSPORT_MAX_BYTES)], fresh=fresh_connection
         )
         self._write = encoded_write(self._channel)
+        self._wall_ns = wall_ns
+        self.clock = ClockOffset()
         self._queue: collections.deque[EncodedBatch] = collections.deque()
         self._queue_batches = queue_batches
         self._changed = threading.Condition()
@@ -210,10 +215,15 @@ class Shipper:
     def _send(self, batch: EncodedBatch) -> tuple[Outcome, str, float, bool]:
         """The outcome, what the server said, (BUSY) the pause it asked for in seconds, and
         (STORED) whether the server had stored the batch before."""
-        started = time.perf_counter()
+        sent = self._wall_ns()
+        started = time.monotonic_ns()
         outcome, detail, pause, duplicate = Outcome.STORED, "", 0.0, False
         try:
             answer = self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
+            answered = time.monotonic_ns()
+            self.clock.add(
+                measure(sent, answered - started, answer.server_received_ns, answer.server_time_ns, answered)
+            )
             duplicate = bool(answer.duplicate)
             if answer.capture_waiting and self.on_capture_waiting is not None:
                 self.on_capture_waiting()
@@ -221,7 +231,7 @@ class Shipper:
             detail = f"{error.code().name}: {error.details()}"
             outcome, pause = classify(error, len(batch.payload))
         if self.on_write is not None:
-            self.on_write(time.perf_counter() - started, outcome)
+            self.on_write((time.monotonic_ns() - started) / 1e9, outcome)
         return outcome, detail, pause, duplicate
 
     def _lost(self, detail: str) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tracehouse.v1 import batch_pb2 as tracehouse_dot_v1_dot_batch__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atracehouse/v1/ingest.proto\x12\rtracehouse.v1\x1a\x19tracehouse/v1/batch.proto\"3\n\x0cWriteRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.tracehouse.v1.Batch\"{\n\rWriteResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x04\x12\x0c\n\x04runs\x18\x04 \x01(\x04\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\x04\x12\x17\n\x0f\x63\x61pture_waiting\x18\x06 \x01(\x08\x32L\n\x06Ingest\x12\x42\n\x05Write\x12\x1b.tracehouse.v1.WriteRequest\x1a\x1c.tracehouse.v1.WriteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atracehouse/v1/ingest.proto\x12\rtracehouse.v1\x1a\x19tracehouse/v1/batch.proto\"3\n\x0cWriteRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.tracehouse.v1.Batch\"\xaf\x01\n\rWriteResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x04\x12\x0c\n\x04runs\x18\x04 \x01(\x04\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\x04\x12\x17\n\x0f\x63\x61pture_waiting\x18\x06 \x01(\x08\x12\x1a\n\x12server_received_ns\x18\x07 \x01(\x03\x12\x16\n\x0eserver_time_ns\x18\x08 \x01(\x03\x32L\n\x06Ingest\x12\x42\n\x05Write\x12\x1b.tracehouse.v1.WriteRequest\x1a\x1c.tracehouse.v1.WriteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WRITEREQUEST']._serialized_start=72
   _globals['_WRITEREQUEST']._serialized_end=123
-  _globals['_WRITERESPONSE']._serialized_start=125
-  _globals['_WRITERESPONSE']._serialized_end=248
-  _globals['_INGEST']._serialized_start=250
-  _globals['_INGEST']._serialized_end=326
+  _globals['_WRITERESPONSE']._serialized_start=126
+  _globals['_WRITERESPONSE']._serialized_end=301
+  _globals['_INGEST']._serialized_start=303
+  _globals['_INGEST']._serialized_end=379
 # @@protoc_insertion_point(module_scope)

@@ -13,17 +13,21 @@ class WriteRequest(_message.Message):
     def __init__(self, batch: _Optional[_Union[_batch_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class WriteResponse(_message.Message):
-    __slots__ = ("duplicate", "samples", "events", "runs", "devices", "capture_waiting")
+    __slots__ = ("duplicate", "samples", "events", "runs", "devices", "capture_waiting", "server_received_ns", "server_time_ns")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_WAITING_FIELD_NUMBER: _ClassVar[int]
+    SERVER_RECEIVED_NS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     samples: int
     events: int
     runs: int
     devices: int
     capture_waiting: bool
-    def __init__(self, duplicate: _Optional[bool] = ..., samples: _Optional[int] = ..., events: _Optional[int] = ..., runs: _Optional[int] = ..., devices: _Optional[int] = ..., capture_waiting: _Optional[bool] = ...) -> None: ...
+    server_received_ns: int
+    server_time_ns: int
+    def __init__(self, duplicate: _Optional[bool] = ..., samples: _Optional[int] = ..., events: _Optional[int] = ..., runs: _Optional[int] = ..., devices: _Optional[int] = ..., capture_waiting: _Optional[bool] = ..., server_received_ns: _Optional[int] = ..., server_time_ns: _Optional[int] = ...) -> None: ...
