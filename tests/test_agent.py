@@ -75,6 +75,33 @@ def test_everything_sampled_is_stored_once(server: Server, store: Store, tmp_pat
         assert "process" in set(client.events(run=agent.run_id)["kind"])
 
 
+def test_an_agent_whose_clock_runs_50_ms_ahead_measures_its_offset_to_the_server(
+    server: Server, store: Store, tmp_path: Path
+) -> None:
+    ahead = 50_000_000
+    agent = Agent(
+        config(f"127.0.0.1:{server.port}", tmp_path / "spool"), SimulatedBackend(1), lambda: time.time_ns() + ahead
+    )
+    before = time.time_ns() + ahead
+    agent.start()
+    time.sleep(1.5)
+    report = agent.stop()
+    assert report["stored"] == report["sampled"]
+    rows = store.query(
+        """SELECT ts, gpu, host, sumIf(value, metric = 'agent.clock_offset_ns') AS offset,
+                  sumIf(value, metric = 'agent.clock_offset_uncertainty_ns') AS uncertainty, count() AS n
+           FROM {db}.samples WHERE run_id = {run:String} AND metric LIKE 'agent.clock_offset%'
+           GROUP BY ts, gpu, host ORDER BY ts""",
+        {"run": agent.run_id},
+    ).to_pylist()
+    assert len(rows) >= 3, "a record after each of the writes every 0.2 s"
+    for row in rows:
+        assert (row["n"], row["gpu"], row["host"]) == (2, -1, "test-host")
+        assert row["ts"].value >= before // 1_000_000 * 1_000_000, "stamped on the agent's own clock"
+        # the server's clock less the host's: -50 ms, within its uncertainty, itself well under 50 ms
+        assert abs(row["offset"] + ahead) <= row["uncertainty"] < ahead / 2, row
+
+
 def test_server_down_at_start_then_the_spool_is_replayed(store: Store, tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     away = Agent(config(f"127.0.0.1:{closed_port()}", spool, shutdown_timeout=0.5), SimulatedBackend(2))
