@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import pandas as pd
@@ -119,6 +119,8 @@ def window_sidebar() -> Scope:
         host = st.text_input("Host", view.host, help="only this host's telemetry and events")
         if st.form_submit_button("Show", type="primary"):
             chosen = View(run=run, host=host.strip(), start=start.strip(), end=end.strip(), metrics=view.metrics)
+            if run == view.run:  # the same rank of a job: its peers stay
+                chosen = replace(chosen, job=view.job, step=view.step, peers=view.peers)
             typed = (chosen.start or chosen.end) and (chosen.start, chosen.end) != (view.start, view.end)
             if preset and not typed:  # times typed just now win over the preset still selected
                 chosen = chosen.with_preset(PRESETS[preset])
@@ -145,6 +147,6 @@ def zoom_buttons(scope: Scope, key: str) -> None:
             show(scope.view.with_window(start, end))
     whole_run = scope.view.run and (scope.view.start or scope.view.end or scope.view.last)
     if whole_run and columns[3].button("whole run", key=f"{key}-run"):
-        show(View(run=scope.view.run, host=scope.view.host, metrics=scope.view.metrics))
+        show(replace(scope.view, start="", end="", last=""))
     width = units.duration(scope.end_ns - scope.start_ns)
     columns[4].caption(f"{scope.when(scope.start_ns)} → {scope.when(scope.end_ns)} ({width})")

@@ -107,11 +107,12 @@ def lane_label(lane: str, host: str, gpu: int, stream: int, pid: int, tid: int, 
 
 
 def lane_keys(events: pd.DataFrame) -> pd.DataFrame:
-    """The lane of each event, by the rule the Lanes query applies."""
+    """The lane of each event, by the rule the Lanes query applies (and its job rank, where it has one)."""
     lane = events["kind"].map(lane_of)
     on_gpu = lane == "gpu"
     return pd.DataFrame(
         {
+            **({"rank": events["rank"]} if "rank" in events.columns else {}),
             "lane": lane,
             "host": events["host"],
             "gpu": events["gpu"].astype(int),
@@ -123,25 +124,30 @@ def lane_keys(events: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _ordered_labels(keys: pd.DataFrame) -> tuple[list[str], pd.Series]:
+def _ordered_labels(keys: pd.DataFrame, ranks: Sequence[int] = ()) -> tuple[list[str], pd.Series]:
     """Each row's lane label, and every label top to bottom: GPU streams, then per thread
-    its NVTX levels, CUDA API, and the rest."""
-    hosts = keys["host"].nunique()
-    distinct = keys.drop_duplicates(subset=list(LANE_COLUMNS))
+    its NVTX levels, CUDA API, and the rest; with `ranks` (keys with a rank column), each rank's lanes
+    in that order, labelled with it."""
+    columns = ["rank", *LANE_COLUMNS] if ranks else list(LANE_COLUMNS)
+    hosts = 1 if ranks else keys["host"].nunique()  # a rank names its host
+    distinct = keys.drop_duplicates(subset=columns)
+    place = {rank: i for i, rank in enumerate(ranks)}
     distinct = distinct.assign(
         family=distinct["lane"].map(lambda lane: LANE_ORDER.get(lane, 3)),
         by_thread=distinct["lane"] != "gpu",
-    ).sort_values(["host", "by_thread", "gpu", "stream", "pid", "tid", "family", "lane", "depth"])
-    label_of = {
-        (lane, host, gpu, stream, pid, tid, depth): lane_label(lane, host, gpu, stream, pid, tid, depth, hosts)
-        for lane, host, gpu, stream, pid, tid, depth in distinct[list(LANE_COLUMNS)].itertuples(index=False)
-    }
+        place=distinct["rank"].map(place) if ranks else 0,
+    ).sort_values(["place", "host", "by_thread", "gpu", "stream", "pid", "tid", "family", "lane", "depth"])
+    label_of = {}
+    for key in distinct[columns].itertuples(index=False, name=None):
+        lane, host, gpu, stream, pid, tid, depth = key[-7:]
+        own = lane_label(lane, host, int(gpu), int(stream), int(pid), int(tid), int(depth), hosts)
+        label_of[key] = f"rank {key[0]} · {own}" if ranks else own
     seen: dict[str, int] = {}
     for key, label in label_of.items():  # never two lanes on one row
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
             label_of[key] = f"{label} ({seen[label]})"
-    labels = pd.Series([label_of[tuple(k)] for k in keys[list(LANE_COLUMNS)].itertuples(index=False)], index=keys.index)
+    labels = pd.Series([label_of[k] for k in keys[columns].itertuples(index=False, name=None)], index=keys.index)
     return list(label_of.values()), labels
 
 
@@ -152,11 +158,12 @@ def timeline(
     lanes: pd.DataFrame | None = None,
     events: pd.DataFrame | None = None,
     known_names: Sequence[str] = (),
+    ranks: Sequence[int] = (),
 ) -> go.Figure:
     """Stacked panels on one time axis: a row per metric (a line per host and GPU), then the
     lanes, drawn event by event from `events`, or as busy cells from quantized `lanes`. Slices are
     labelled with their short name among `known_names` too (the run's kernels: the labels its
-    Kernels table shows)."""
+    Kernels table shows). `ranks`: the lanes (or events) carry a job's rank, drawn in this order."""
     lane_rows = events if events is not None else lanes
     has_lanes = lane_rows is not None and not lane_rows.empty
     rows = len(metrics) + (1 if has_lanes else 0)
@@ -167,8 +174,8 @@ def timeline(
     labels = pd.Series(dtype=object)
     if has_lanes:
         assert lane_rows is not None
-        keys = lane_keys(lane_rows) if events is not None else lane_rows[list(LANE_COLUMNS)]
-        order, labels = _ordered_labels(keys)
+        keys = lane_keys(lane_rows) if events is not None else lane_rows
+        order, labels = _ordered_labels(keys, ranks)
         lane_count = len(order)
     heights = [METRIC_ROW_PX] * len(metrics) + ([max(120, LANE_ROW_PX * lane_count)] if has_lanes else [])
     figure = make_subplots(

@@ -40,6 +40,9 @@ class View:
     end: str = ""  # URL `to`
     last: str = ""  # a preset: the window is [now - last, now)
     metrics: tuple[str, ...] = DEFAULT_METRICS
+    job: str = ""  # the run is a rank of this job: its peers' lanes are drawn below its own,
+    step: str = ""  # at this step (the peers nearest in step time there, unless `peers` names them),
+    peers: str = ""  # "0,3,7", or "none" (ui/peers.py)
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> View:
@@ -54,10 +57,14 @@ class View:
             end=params.get("to", ""),
             last=params.get("last", ""),
             metrics=metrics,
+            job=params.get("job", ""),
+            step=params.get("step", ""),
+            peers=params.get("peers", ""),
         )
 
     def params(self) -> dict[str, str]:
-        values = {"run": self.run, "host": self.host, "from": self.start, "to": self.end, "last": self.last}
+        values = {"run": self.run, "host": self.host, "from": self.start, "to": self.end, "last": self.last,
+                  "job": self.job, "step": self.step, "peers": self.peers}  # fmt: skip
         if self.metrics != DEFAULT_METRICS:
             values["metrics"] = ",".join(self.metrics) or NO_METRICS
         return {key: value for key, value in values.items() if value}

@@ -1,5 +1,6 @@
 """A distributed job: which rank holds it back, by how much and why; a rank x step heat map of the step
-time or any of its parts, a cell opening that rank's timeline at that step; its collectives and ranks."""
+time or any of its parts, a cell opening that rank's timeline at that step with its peers' lanes below it;
+its collectives and ranks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import streamlit as st
 from query.jobclient import headline
 from tracehouse import units
 from ui.data import ask, attempt, plain
+from ui.peers import default_peers, members, peers_text
 from ui.tables import styled
 from ui.view import View
 
@@ -69,8 +71,16 @@ elif detail.steps is not None and not detail.steps.empty:
         run = view.ranks.set_index("rank")["run_id"].get(rank, "")
         if not cell.empty and run:
             start = int(cell["start_ns"].iloc[0])
-            timeline = View(run=run, start=str(start), end=str(start + int(cell["dur_ns"].iloc[0])))
-            st.page_link("pages/timeline.py", label=f"Rank {rank}'s timeline at step {step}",
+            at_step = steps[steps["step"] == step]
+            placed, _ = members(view.ranks, rank)
+            peers = default_peers(
+                rank,
+                [r for r in placed if r != rank],
+                dict(zip(at_step["rank"].astype(int), at_step["dur_ns"].astype(int), strict=True)),
+            )
+            timeline = View(run=run, start=str(start), end=str(start + int(cell["dur_ns"].iloc[0])), job=job,
+                            step=str(step), peers=peers_text(peers))  # fmt: skip
+            st.page_link("pages/timeline.py", label=f"Rank {rank}'s timeline at step {step}, its peers below",
                          query_params=timeline.params())  # fmt: skip
 tabs = st.tabs(["Stragglers", "Ranks", "Collectives", "Telemetry"])
 for tab, frame in zip(tabs, (view.stragglers, view.ranks, view.collectives, view.telemetry), strict=True):

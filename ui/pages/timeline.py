@@ -10,7 +10,7 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from ui import figures
+from ui import figures, jobpeers
 from ui.capture import capture_panel
 from ui.controls import show, stamp, window_sidebar, zoom_buttons
 from ui.data import ask, stop_if_empty, trace_file
@@ -48,14 +48,26 @@ else:
         "sampled these GPUs at the time. Its GPU work is in the lanes below."
     )
 kinds = st.multiselect("Lanes", LANE_KINDS, default=LANE_KINDS, help="kinds of events drawn below the series")
+ranks = jobpeers.job_ranks(scope)
 zoom_buttons(scope, "timeline")
 
 series = ask("series", metrics, max_points=POINTS, **window) if metrics else None
-lanes = ask("lanes", kinds=kinds, buckets=POINTS, **window) if kinds else None
+lanes = None
+if kinds:
+    lanes = (
+        jobpeers.lanes_of(ranks, scope, kinds, POINTS) if ranks else ask("lanes", kinds=kinds, buckets=POINTS, **window)
+    )
 events_in_window = int(lanes.attrs["events"]) if lanes is not None else 0
 events = None
 if 0 < events_in_window <= EXACT_EVENTS and lanes is not None and lanes["events"].max() <= CROWDED:
-    events = ask("events", kinds=kinds, limit=EXACT_EVENTS, **window)
+    events = (
+        jobpeers.events_of(ranks, scope, kinds, EXACT_EVENTS)
+        if ranks
+        else ask("events", kinds=kinds, limit=EXACT_EVENTS, **window)
+    )
+if ranks:
+    jobpeers.caption(ranks, view.step)
+    st.table(jobpeers.clocks(ranks, pd.Series(lanes.attrs["per_rank"] if lanes is not None else {})))
 if (series is None or series.empty) and not events_in_window:
     st.info(
         "Nothing in this window. Pick a run in the sidebar, widen the window (a preset, or "
@@ -79,6 +91,7 @@ figure = figures.timeline(
     known_names=ask("summary", "kernels", run=view.run)["name"].astype(str).tolist()
     if events is not None and view.run
     else (),
+    ranks=ranks.order if ranks else (),
 )
 chosen = st.plotly_chart(
     figure, on_select="rerun", selection_mode="box", key=f"timeline-{stamp(view)}", config={"displaylogo": False}
