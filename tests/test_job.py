@@ -4,11 +4,15 @@ false-positive rate, and a synthetic job with a known truth through the real ser
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
+from agent.daemon import Agent, AgentConfig
+from agent.telemetry.simulated import SimulatedBackend
 from query.client import Client, QueryFailed
 from query.jobassemble import choose_ranks
 from query.jobcollectives import Alignment, Collective, align, collective_rows, matched
@@ -198,6 +202,50 @@ def test_alignment_takes_the_tighter_of_collective_ends_and_agent_offsets_and_sa
     )
     rows = collective_rows(matched(per_rank), aligned)
     assert rows[0]["count"] == 10 and rows[0]["arrival_skew_ns"] == 0  # host b's 50 ms taken out
+
+
+def _agents_on_shifted_clocks(address: str, folder: Path, ahead_ns: dict[str, int], seconds: float) -> None:
+    """Real agents on `address`, one a host, each host's wall clock `ahead_ns` ahead of the server's and all of
+    them set back to a minute before the synthetic job (whose samples of the offset its view reads)."""
+    back = T0 - 60 * 10**9 - time.time_ns()
+    agents = [
+        Agent(
+            AgentConfig(address, folder / host, interval=0.1, slow_interval=0.1, flush_interval=0.2, host=host,
+                        host_metrics=False),
+            SimulatedBackend(1),
+            lambda ahead=ahead: time.time_ns() + back + ahead,
+        )
+        for host, ahead in ahead_ns.items()
+    ]  # fmt: skip
+    for agent in agents:
+        agent.start()
+    time.sleep(seconds)
+    for agent in agents:
+        assert agent.stop()["dropped"] == 0
+
+
+def test_hosts_without_collectives_in_common_are_aligned_by_their_agents_clock_offsets(
+    address: str, client: Client, store: Store, tmp_path: Path
+) -> None:
+    # node-1's clock runs 50 ms ahead (of the server's, and of node-0's); rank 0, the reference, has no trace:
+    # no collective to align node-1's ranks on, only the offsets the hosts' agents measured
+    _agents_on_shifted_clocks(address, tmp_path, {"node-0": 0, "node-1": 50 * MS}, seconds=1.5)
+    _store(address, JobSpec(job="job-agents", no_trace=(0,), slow_rank=None))
+    view = client.job("job-agents")
+    ranks = view.ranks.set_index("rank")
+    assert ranks.loc[4, "alignment"] == "agent offsets", ranks.loc[4, "note"]
+    # each host's offset is within its agent's measured uncertainty; their difference within the two together
+    measured = store.query(
+        "SELECT max(value) AS u FROM {db}.samples WHERE metric = 'agent.clock_offset_uncertainty_ns' GROUP BY host"
+    ).column("u")
+    assert len(measured) == 2
+    bound = max(ranks.loc[4, "uncertainty_ns"], sum(measured.to_pylist()))
+    assert abs(ranks.loc[4, "offset_ns"] + 50 * MS) <= bound < 10 * MS
+    assert (ranks.loc[5:7, "offset_ns"] == ranks.loc[4, "offset_ns"]).all()
+    assert ranks.loc[1, "alignment"] == "same host"
+    collectives = view.collectives.iloc[0]
+    assert collectives["count"] == 40
+    assert collectives["arrival_skew_ns"] < 15 * MS  # rank 1's 3 ms, noise and the offset's error; 50 ms unaligned
 
 
 @pytest.mark.parametrize("limits", [small_limits(max_answer_bytes=24_000)])
