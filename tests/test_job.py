@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from agent.daemon import Agent, AgentConfig
@@ -20,7 +23,7 @@ from query.jobparts import Intervals, covered, step_parts
 from query.jobstragglers import false_positive_rate
 from store.store import Store
 from tests.conftest import small_limits
-from tests.helpers import request
+from tests.helpers import request, wait_until
 from tests.job_trace import ALLREDUCE_BYTES, MS, T0, JobSpec, build
 from tracehouse.batch import BatchBuilder
 from tracehouse.cli.main import main
@@ -204,9 +207,10 @@ def test_alignment_takes_the_tighter_of_collective_ends_and_agent_offsets_and_sa
     assert rows[0]["count"] == 10 and rows[0]["arrival_skew_ns"] == 0  # host b's 50 ms taken out
 
 
-def _agents_on_shifted_clocks(address: str, folder: Path, ahead_ns: dict[str, int], seconds: float) -> None:
+def _agents_on_shifted_clocks(address: str, folder: Path, ahead_ns: dict[str, int], done: Callable[[], bool]) -> None:
     """Real agents on `address`, one a host, each host's wall clock `ahead_ns` ahead of the server's and all of
-    them set back to a minute before the synthetic job (whose samples of the offset its view reads)."""
+    them set back to a minute before the synthetic job (whose samples of the offset its view reads), until
+    `done`."""
     back = T0 - 60 * 10**9 - time.time_ns()
     agents = [
         Agent(
@@ -219,9 +223,11 @@ def _agents_on_shifted_clocks(address: str, folder: Path, ahead_ns: dict[str, in
     ]  # fmt: skip
     for agent in agents:
         agent.start()
-    time.sleep(seconds)
-    for agent in agents:
-        assert agent.stop()["dropped"] == 0
+    try:
+        wait_until(done, 60, "the agents measured their offsets", every=0.2)
+    finally:
+        for agent in agents:
+            assert agent.stop()["dropped"] == 0
 
 
 def test_hosts_without_collectives_in_common_are_aligned_by_their_agents_clock_offsets(
@@ -229,17 +235,23 @@ def test_hosts_without_collectives_in_common_are_aligned_by_their_agents_clock_o
 ) -> None:
     # node-1's clock runs 50 ms ahead (of the server's, and of node-0's); rank 0, the reference, has no trace:
     # no collective to align node-1's ranks on, only the offsets the hosts' agents measured
-    _agents_on_shifted_clocks(address, tmp_path, {"node-0": 0, "node-1": 50 * MS}, seconds=1.5)
+    def measured() -> pa.Table:
+        return store.query(
+            "SELECT host, max(value) AS u, count() AS n FROM {db}.samples "
+            "WHERE metric = 'agent.clock_offset_uncertainty_ns' GROUP BY host"
+        )
+
+    def done() -> bool:
+        found = measured()
+        return found.num_rows == 2 and pc.min(found.column("n")).as_py() >= 3
+
+    _agents_on_shifted_clocks(address, tmp_path, {"node-0": 0, "node-1": 50 * MS}, done)
     _store(address, JobSpec(job="job-agents", no_trace=(0,), slow_rank=None))
     view = client.job("job-agents")
     ranks = view.ranks.set_index("rank")
     assert ranks.loc[4, "alignment"] == "agent offsets", ranks.loc[4, "note"]
     # each host's offset is within its agent's measured uncertainty; their difference within the two together
-    measured = store.query(
-        "SELECT max(value) AS u FROM {db}.samples WHERE metric = 'agent.clock_offset_uncertainty_ns' GROUP BY host"
-    ).column("u")
-    assert len(measured) == 2
-    bound = max(ranks.loc[4, "uncertainty_ns"], sum(measured.to_pylist()))
+    bound = max(ranks.loc[4, "uncertainty_ns"], sum(measured().column("u").to_pylist()))
     assert abs(ranks.loc[4, "offset_ns"] + 50 * MS) <= bound < 10 * MS
     assert (ranks.loc[5:7, "offset_ns"] == ranks.loc[4, "offset_ns"]).all()
     assert ranks.loc[1, "alignment"] == "same host"
