@@ -21,6 +21,7 @@ from ui.view import View
 MEASURES = {"step time": "dur_ns", "compute": "compute_ns", "exposed communication": "comm_ns",
             "data loading": "data_ns", "idle": "idle_ns"}  # fmt: skip
 MAX_CELLS = 400_000  # drawn: steps are averaged in buckets past it
+SVG_CELLS = 20_000  # markers drawn as SVG up to this, WebGL past it
 
 
 def heat(steps: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -36,6 +37,23 @@ def heat(steps: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray, np.n
     np.add.at(count, (row, bucket), 1)
     with np.errstate(invalid="ignore"):
         return ranks, numbers[::per], np.where(count > 0, total / np.maximum(count, 1), np.nan), per
+
+
+def heat_figure(ranks: np.ndarray, firsts: np.ndarray, grid: np.ndarray) -> go.Figure:
+    """The heat map, and over each cell an invisible marker that a click selects (a heat map's cells
+    cannot be selected in plotly), outlined once chosen."""
+    columns, rows = np.meshgrid(firsts, ranks)
+    drawn = np.isfinite(grid)
+    cells = go.Scattergl if drawn.sum() > SVG_CELLS else go.Scatter
+    return go.Figure(
+        [
+            go.Heatmap(z=grid, x=firsts, y=ranks, colorscale="Viridis", colorbar={"title": "ms"}, hoverinfo="skip"),
+            cells(x=columns[drawn], y=rows[drawn], customdata=grid[drawn], mode="markers", showlegend=False,
+                  marker={"symbol": "square-open", "size": 14, "color": "#ffffff", "line": {"width": 2}, "opacity": 0},
+                  selected={"marker": {"opacity": 1}}, unselected={"marker": {"opacity": 0}},
+                  hovertemplate="rank %{y}, step %{x}: %{customdata:.3g} ms<extra></extra>"),
+        ]
+    )  # fmt: skip
 
 
 st.title("Job")
@@ -58,10 +76,9 @@ if why:
 elif detail.steps is not None and not detail.steps.empty:
     steps = detail.steps
     ranks, firsts, grid, per = heat(steps, MEASURES[measure])
-    figure = go.Figure(go.Heatmap(z=grid, x=firsts, y=ranks, colorscale="Viridis", colorbar={"title": "ms"},
-                                  hovertemplate="rank %{y}, step %{x}: %{z:.3g} ms<extra></extra>"))  # fmt: skip
+    figure = heat_figure(ranks, firsts, grid)
     figure.update_layout(xaxis_title="step" + (f" (mean of {per} a cell)" if per > 1 else ""), yaxis_title="rank",
-                         height=min(900, 200 + 6 * ranks.size))  # fmt: skip
+                         height=min(900, 200 + max(6 * ranks.size, min(24 * ranks.size, 600))))  # fmt: skip
     picked = st.plotly_chart(figure, on_select="rerun", selection_mode="points", key="heat")
     selection: Any = picked.get("selection", {}) if isinstance(picked, dict) else {}
     points: list[Any] = list(selection.get("points", []))
