@@ -171,10 +171,11 @@ class Agent:
 
     def _record_clock_offset(self) -> None:
         """The host's clock offset to the server, once a write measured it since the last record."""
-        estimate = self.shipper.clock.fresh(time.monotonic_ns())
+        wall, monotonic = self.wall_ns(), time.monotonic_ns()
+        estimate = self.shipper.clock.fresh(monotonic, wall - monotonic)
         if estimate is None:
             return
-        stamp = max(self.wall_ns() // STAMP_NS * STAMP_NS, self._offset_stamp + STAMP_NS)
+        stamp = max(wall // STAMP_NS * STAMP_NS, self._offset_stamp + STAMP_NS)
         self._offset_stamp = stamp
         readings = {CLOCK_OFFSET: float(estimate.offset_ns), CLOCK_OFFSET_UNCERTAINTY: float(estimate.uncertainty_ns)}
         self.batcher.add(stamp, NO_GPU, readings)

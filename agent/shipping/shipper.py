@@ -221,9 +221,7 @@ class Shipper:
         try:
             answer = self._write(batch.payload, timeout=self._call_timeout, metadata=self._metadata)
             answered = time.monotonic_ns()
-            self.clock.add(
-                measure(sent, answered - started, answer.server_received_ns, answer.server_time_ns, answered)
-            )
+            self.clock.add(measure(sent, started, answered, answer.server_received_ns, answer.server_time_ns))
             duplicate = bool(answer.duplicate)
             if answer.capture_waiting and self.on_capture_waiting is not None:
                 self.on_capture_waiting()
