@@ -82,6 +82,7 @@ def test_a_cell_opens_the_ranks_timeline_with_its_peers_below_on_its_clock(
     assert [int(label.split(" ")[1]) for label in order[:3]] == [5, 5, 5]
     assert list(dict.fromkeys(int(label.split(" ")[1]) for label in order)) == [5, 0, 1, 2, 3, 4, 6, 7]
     assert "rank 0 · GPU 0 · stream 9" in order
+    assert len(figure_of(app)["layout"]["shapes"]) == 4  # every other rank's lanes on a band: 0, 2, 4 and 7
     # every rank's all-reduce ends at one instant once each peer's window is shifted by its offset (node-0's
     # clock runs 50 ms behind node-1's): without the shift node-0's would end 50 ms apart from node-1's
     ends = drawn[drawn["name"] == ALLREDUCE].groupby("rank")["end"].max()

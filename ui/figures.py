@@ -201,6 +201,7 @@ def timeline(
             assert lanes is not None
             _add_busy_cells(figure, window, lanes, labels, order, rows)
         figure.update_yaxes(categoryorder="array", categoryarray=order[::-1], row=rows, col=1)
+        _rank_bands(figure, order, ranks, rows)
     figure.update_xaxes(range=[0, window.width], row=rows, col=1)
     figure.update_xaxes(title_text=window.axis_title, row=rows, col=1)
     figure.update_layout(
@@ -214,6 +215,16 @@ def timeline(
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
     )
     return figure
+
+
+def _rank_bands(figure: go.Figure, order: list[str], ranks: Sequence[int], row: int) -> None:
+    """Every other rank's lanes on a shaded band, so that each rank's rows read as one block."""
+    for shade, rank in enumerate(ranks):
+        rows = [i for i, label in enumerate(order) if label.startswith(f"rank {rank} · ")]
+        if rows and shade % 2:  # categories sit at 0..n-1, the first label on top
+            top, bottom = len(order) - 1 - rows[0], len(order) - 1 - rows[-1]
+            figure.add_hrect(y0=bottom - 0.5, y1=top + 0.5, fillcolor="#f0f2f6", line_width=0, layer="below",
+                             row=row, col=1)  # fmt: skip
 
 
 def _add_series(
