@@ -19,7 +19,7 @@ from agent.shipping.spool import Spool
 from agent.shipping.stats import Stats
 from agent.telemetry.gpu import GpuBackend
 from agent.telemetry.host import HostSampler
-from agent.telemetry.sampler import STAMP_NS, Sampler
+from agent.telemetry.sampler import CLOCK_STEP_NS, STAMP_NS, Sampler
 from agent.telemetry.schedule import run_fixed_rate
 from tracehouse import config
 from tracehouse.channel import ClientSecurity
@@ -175,7 +175,9 @@ class Agent:
         estimate = self.shipper.clock.fresh(monotonic, wall - monotonic)
         if estimate is None:
             return
-        stamp = max(wall // STAMP_NS * STAMP_NS, self._offset_stamp + STAMP_NS)
+        stamp = wall // STAMP_NS * STAMP_NS
+        if self._offset_stamp - CLOCK_STEP_NS < stamp <= self._offset_stamp:  # one record an instant
+            stamp = self._offset_stamp + STAMP_NS
         self._offset_stamp = stamp
         readings = {CLOCK_OFFSET: float(estimate.offset_ns), CLOCK_OFFSET_UNCERTAINTY: float(estimate.uncertainty_ns)}
         self.batcher.add(stamp, NO_GPU, readings)
