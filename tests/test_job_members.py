@@ -89,6 +89,22 @@ def test_import_job_takes_the_rank_from_distributed_info_else_the_file_order(
     assert "--job: 'bad id!' is not a job id" in capsys.readouterr().err
 
 
+def test_a_file_imported_before_joins_a_job_when_imported_again_with_job(
+    address: str, client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The begin describes the file alone: imported again with --job it is the very begin stored (not
+    a finished run sent back to importing), and the end files the run in the job."""
+    trace = tmp_path / "rank.json"
+    write_trace(trace, KinetoSpec(steps=4, gzip=False))
+    assert main(["import", "--host", "node-a", str(trace), "--server", address]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    assert main(["import", "--job", "later", "--host", "node-a", str(trace), "--server", address]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == run_id
+    attrs = dict(client.runs().set_index("run_id").loc[run_id, "attrs"])
+    assert (attrs["job"], attrs["rank"]) == ("later", "0")
+    assert list(client.job("later").ranks["run_id"]) == [run_id]
+
+
 def test_real_kineto_traces_as_a_job_say_their_duplicate_ranks_and_missing_peers(
     address: str, client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:

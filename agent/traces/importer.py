@@ -117,15 +117,16 @@ def import_export(
             "tags": dict(tags or {}),
             "attrs": _hostless(trace.attrs(), host, run_id),
         }
+        filed_attrs = dict(run["attrs"])
         if job is not None:
             result.attrs = dict(job(run["attrs"]))
             run["attrs"].update(result.attrs)
         version = _describe(run)
         if not into_run:
-            # The begin describes the file, whatever the caller names and tags it: importing a finished
-            # file again under a new name re-sends the very begin it stored (a duplicate, never taken for
-            # sending the run back to importing), and the end renames the run.
-            as_filed = {**run, "name": trace.default_name(), "tags": {}}
+            # The begin describes the file, whatever the caller names, tags and files in a job: importing a
+            # finished file again under a new name or --job re-sends the very begin it stored (a duplicate,
+            # never taken for sending the run back to importing), and the end renames the run.
+            as_filed = {**run, "name": trace.default_name(), "tags": {}, "attrs": filed_attrs}
             begin = BatchBuilder(f"{run_id}/run/{_describe(as_filed)}/begin").add_run(**as_filed, importing=True)
             sink = _Declaring(sink, begin.build())
         try:
