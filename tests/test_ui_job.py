@@ -120,6 +120,16 @@ def test_peers_are_chosen_on_the_page_and_kept_in_the_url(address: str, monkeypa
     assert "zoom out" in [b.label for b in again.button]
     next(b for b in again.button if b.label == "zoom out").click().run()
     assert param(again, "peers") == "3" and param(again, "job") == "pick"  # moving keeps the peers
+    next(b for b in again.button if b.label == "whole run").click().run()
+    assert not again.exception and param(again, "peers") == "3" and not param_or_none(again, "from")
+    whole = slices(again)  # the whole run of both: all 40 all-reduces each, ending together step by step
+    ends = {rank: np.sort(part["end"].to_numpy()) for rank, part in whole[whole["name"] == ALLREDUCE].groupby("rank")}
+    assert sorted(ends) == [3, 5] and len(ends[3]) == len(ends[5]) == 40
+    assert np.abs(ends[3] - ends[5]).max() < 1e-5 * ends[5].max()  # node-1's 50 ms is some 1 % of the run
+
+
+def param_or_none(app: AppTest, key: str) -> str | None:
+    return param(app, key) if key in app.query_params else None
 
 
 def test_a_bad_peers_parameter_is_said_and_the_default_drawn(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,3 +160,17 @@ def test_a_big_job_shows_the_nearest_in_step_time_and_the_median_rank() -> None:
     assert parse_peers("", [1, 2]) is None and parse_peers("none", [1, 2]) == []
     with pytest.raises(ViewError, match="peers: rank\\(s\\) 9 are not ranks of this job"):
         parse_peers("1,9", [1, 2])
+
+
+def test_a_long_window_draws_each_ranks_busy_lanes_on_its_clock(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store(address, JobSpec(job="long", ranks=2, per_host=1, steps=300, slow_rank=None))
+    app = open_app(address, monkeypatch, "timeline", run="long-rank1", job="long", peers="0")
+    busy = figure_of(app)["data"][-1]  # too many events to draw one by one: busy cells per lane and rank
+    assert busy["type"] == "heatmap"
+    rows = {label: i for i, label in enumerate(busy["y"])}
+    assert set(rows) >= {"rank 1 · GPU 0 · stream 9", "rank 0 · GPU 0 · stream 9"}
+    shade = np.nan_to_num(np.asarray(busy["z"], float))
+    mine, peer = shade[rows["rank 1 · GPU 0 · stream 9"]], shade[rows["rank 0 · GPU 0 · stream 9"]]
+    assert mine.sum() > 0
+    # rank 0's clock runs 50 ms behind rank 1's: shifted, its all-reduces fill the same buckets as rank 1's
+    assert np.abs(mine - peer).sum() < 0.1 * mine.sum()
