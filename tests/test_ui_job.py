@@ -174,3 +174,12 @@ def test_a_long_window_draws_each_ranks_busy_lanes_on_its_clock(address: str, mo
     assert mine.sum() > 0
     # rank 0's clock runs 50 ms behind rank 1's: shifted, its all-reduces fill the same buckets as rank 1's
     assert np.abs(mine - peer).sum() < 0.1 * mine.sum()
+
+
+def test_ranks_whose_clock_cannot_be_aligned_are_said_not_drawn(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store(address, JobSpec(job="apart", slow_rank=None, no_trace=(4, 5, 6, 7)))  # node-1: nothing to align by
+    app = open_app(address, monkeypatch, "timeline", run="apart-rank0", job="apart")
+    assert set(slices(app)["rank"]) == {0, 1, 2, 3}
+    assert "Left out, their clocks not aligned with the job's: rank(s) 4, 5, 6, 7." in texts(app.caption)
+    alone = open_app(address, monkeypatch, "timeline", run="apart-rank4", job="apart")
+    assert "Rank 4's clock could not be aligned with the job's" in texts(alone.warning)
