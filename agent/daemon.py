@@ -21,15 +21,12 @@ from agent.telemetry.gpu import GpuBackend
 from agent.telemetry.host import HostSampler
 from agent.telemetry.sampler import CLOCK_STEP_NS, STAMP_NS, Sampler
 from agent.telemetry.schedule import run_fixed_rate
-from tracehouse import config
+from tracehouse import config, metrics
 from tracehouse.channel import ClientSecurity
 from tracehouse.ids import make_run_id
 from tracehouse.model import NO_GPU
 
 log = logging.getLogger("tracehouse.agent")
-
-CLOCK_OFFSET = "agent.clock_offset_ns"  # the server's wall clock less the host's (agent/shipping/clockoffset.py)
-CLOCK_OFFSET_UNCERTAINTY = "agent.clock_offset_uncertainty_ns"  # the true offset is within ± this
 
 
 @dataclass(frozen=True)
@@ -179,7 +176,10 @@ class Agent:
         if self._offset_stamp - CLOCK_STEP_NS < stamp <= self._offset_stamp:  # one record an instant
             stamp = self._offset_stamp + STAMP_NS
         self._offset_stamp = stamp
-        readings = {CLOCK_OFFSET: float(estimate.offset_ns), CLOCK_OFFSET_UNCERTAINTY: float(estimate.uncertainty_ns)}
+        readings = {
+            metrics.AGENT_SERVER_OFFSET: float(estimate.offset_ns),
+            metrics.AGENT_SERVER_OFFSET_UNCERTAINTY: float(estimate.uncertainty_ns),
+        }
         self.batcher.add(stamp, NO_GPU, readings)
         self.stats.add(sampled=len(readings))
 

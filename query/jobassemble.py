@@ -21,12 +21,12 @@ import pyarrow.compute as pc
 from query import jobcollectives as jc
 from query.jobparts import COLLECTIVE, GPU_KINDS, HOST_KINDS, Intervals, classify, step_parts
 from tracehouse.jobs import membership_of
+from tracehouse.metrics import AGENT_SERVER_OFFSET, AGENT_SERVER_OFFSET_UNCERTAINTY
 
 Query = Callable[[str, dict[str, Any]], pa.Table]
 MAX_RANKS = 16_384
 NOTE_RANK = (1 << 32) - 1  # the jobs row that holds a note of the job's own
 MAX_EVENTS_PER_RANK = 20_000_000
-CLOCK_OFFSET_METRIC = "agent.clock_offset_ns"  # the server's clock less the host's, as the host's agent measures it
 _LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 
 RUNS_SQL = """
@@ -49,8 +49,9 @@ WHERE run_id IN {{runs:Array(String)}} AND (kind = 'step' OR kind IN {tuple(sort
 ORDER BY run_id, start LIMIT {MAX_EVENTS_PER_RANK} BY run_id"""
 BATCH_RANKS = 128
 OFFSETS_SQL = f"""
-SELECT host, groupArray(value) AS offsets FROM {{db}}.samples
-WHERE metric = '{CLOCK_OFFSET_METRIC}' AND host IN {{hosts:Array(String)}}
+SELECT host, groupArrayIf(value, metric = '{AGENT_SERVER_OFFSET}') AS offsets,
+       groupArrayIf(value, metric = '{AGENT_SERVER_OFFSET_UNCERTAINTY}') AS uncertainties FROM {{db}}.samples
+WHERE metric IN ('{AGENT_SERVER_OFFSET}', '{AGENT_SERVER_OFFSET_UNCERTAINTY}') AND host IN {{hosts:Array(String)}}
   AND ts >= fromUnixTimestamp64Nano({{lo:Int64}}) AND ts < fromUnixTimestamp64Nano({{hi:Int64}})
 GROUP BY host"""
 
@@ -183,9 +184,15 @@ def rank_data(table: pa.Table, rank: Rank) -> RankData:
     return RankData(steps, collectives, gpu)
 
 
-def agent_offsets(query: Query, hosts: Sequence[str], lo: int, hi: int) -> dict[str, np.ndarray]:
+def agent_offsets(
+    query: Query, hosts: Sequence[str], lo: int, hi: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each host's agent's offsets to the server, and the uncertainties the agent measured with them."""
     rows = query(OFFSETS_SQL, {"hosts": list(hosts), "lo": lo, "hi": hi}).to_pylist()
-    return {row["host"]: np.asarray(row["offsets"], np.float64) for row in rows}
+    return (
+        {row["host"]: np.asarray(row["offsets"], np.float64) for row in rows},
+        {row["host"]: np.asarray(row["uncertainties"], np.float64) for row in rows},
+    )
 
 
 def assemble(
@@ -197,10 +204,10 @@ def assemble(
     data = read_ranks(query, ranks)
     hosts = {rank.rank: rank.host for rank in ranks}
     starts = [r["start_ns"] for r in runs]
-    offsets = agent_offsets(query, sorted(set(hosts.values())), min(starts) - 600 * 10**9,
+    offsets, uncertainties = agent_offsets(query, sorted(set(hosts.values())), min(starts) - 600 * 10**9,
                             max(s for s in (*starts, *(v[1] for v in steps.values()))) + 600 * 10**9)  # fmt: skip
     instances = jc.matched({rank: d.collectives for rank, d in data.items()})
-    alignment = jc.align(hosts, instances, offsets)
+    alignment = jc.align(hosts, instances, offsets, uncertainties)
     now = time.time_ns()
     rows = []
     for rank in ranks:

@@ -11,7 +11,8 @@ rank at nearly the same instant; the offset is the median of the reference's end
 every collective both have, MIN_MATCHED at least, its uncertainty 1.4826 x their MAD, at least
 TIME_RESOLUTION_NS); the hosts' agents' offsets to the server (the samples `agent.clock_offset_ns`, the
 server's clock less the host's: the difference of the two hosts' medians, its uncertainty their spread,
-at least AGENT_FLOOR_NS). A rank with neither cannot be aligned: it is said, and its collectives are left
+or the sum of the agents' own bounds, `agent.clock_offset_uncertainty_ns`, if larger, at least
+AGENT_FLOOR_NS). A rank with neither cannot be aligned: it is said, and its collectives are left
 out of the skews.
 
 Per collective (nccl-tests' definitions, as TraceLens reports them): latency, the median over ranks of
@@ -117,6 +118,7 @@ def align(
     hosts: Mapping[int, str],
     instances: Mapping[tuple[str, int], Mapping[int, Collective]],
     agent_offsets: Mapping[str, npt.NDArray[np.float64]],
+    agent_uncertainties: Mapping[str, npt.NDArray[np.float64]] | None = None,
 ) -> dict[int, Alignment]:
     """Each rank's alignment to the lowest rank's clock (see the module's docstring)."""
     if not hosts:
@@ -144,7 +146,12 @@ def align(
         if theirs is not None and ours is not None and theirs.size and ours.size:
             mine, my_spread = _robust(np.asarray(theirs, np.float64))
             its, its_spread = _robust(np.asarray(ours, np.float64))
-            spread = max(round(float(np.hypot(my_spread, its_spread))), AGENT_FLOOR_NS)
+            # the agents' own bounds (half their round trips) hold where a spread of a few readings may not
+            measured = sum(
+                float(np.median(u)) for u in ((agent_uncertainties or {}).get(h) for h in (host, base))
+                if u is not None and u.size
+            )  # fmt: skip
+            spread = max(round(float(np.hypot(my_spread, its_spread))), round(measured), AGENT_FLOOR_NS)
             choices.append(Alignment(mine - its, spread, "agent offsets"))
         if choices:
             chosen = min(choices, key=lambda a: a.uncertainty_ns)

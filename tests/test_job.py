@@ -198,6 +198,9 @@ def test_alignment_takes_the_tighter_of_collective_ends_and_agent_offsets_and_sa
     # two collectives in common are too few: host c's agents' offsets (8 ms - 1 ms), within their floor
     assert aligned[3].method == "agent offsets" and aligned[3].offset_ns == 7 * MS + 9500
     assert aligned[3].uncertainty_ns == 500_000
+    # the agents' own bounds (half their round trips) count where larger than their readings' spread
+    bounds = {"a": np.full(20, 0.4 * MS), "c": np.full(20, 0.6 * MS)}
+    assert align(hosts, matched(per_rank), offsets, bounds)[3].uncertainty_ns == 1 * MS
     assert (
         aligned[4].method == "none"
         and aligned[4].uncertainty_ns == -1

@@ -52,7 +52,9 @@ HOST_CPU = "host.cpu_pct"
 HOST_MEM_USED = "host.mem_used_bytes"
 HOST_MEM_TOTAL = "host.mem_total_bytes"
 HOST_LOAD1 = "host.load1"
-AGENT_CLOCK_OFFSET = "agent.wall_minus_monotonic_ns"
+AGENT_WALL_MINUS_MONOTONIC = "agent.wall_minus_monotonic_ns"
+AGENT_SERVER_OFFSET = "agent.clock_offset_ns"  # the server's wall clock less the host's (agent/shipping/clockoffset.py)
+AGENT_SERVER_OFFSET_UNCERTAINTY = "agent.clock_offset_uncertainty_ns"  # the true offset is within ± this
 AGENT_MISSED_TICKS = "agent.missed_ticks"
 
 METRICS = _catalogue(
@@ -84,7 +86,9 @@ METRICS = _catalogue(
     Metric(HOST_MEM_USED, high=1e16),
     Metric(HOST_MEM_TOTAL, high=1e16),
     Metric(HOST_LOAD1, high=1e6),
-    Metric(AGENT_CLOCK_OFFSET, low=-math.inf),
+    Metric(AGENT_WALL_MINUS_MONOTONIC, low=-math.inf),
+    Metric(AGENT_SERVER_OFFSET, low=-math.inf),
+    Metric(AGENT_SERVER_OFFSET_UNCERTAINTY),
     Metric(AGENT_MISSED_TICKS, high=1e12),
 )
 

@@ -115,7 +115,7 @@ class Sampler:
                 self._isolate(lost)
         self._processes_gone(seen)
         wall = self.wall_ns()
-        readings = {m.AGENT_CLOCK_OFFSET: float(wall - int(self.monotonic() * 1e9))}
+        readings = {m.AGENT_WALL_MINUS_MONOTONIC: float(wall - int(self.monotonic() * 1e9))}
         ts = self._stamp(NO_GPU, "slow", wall)
         if self.host is not None:
             readings.update(self.host.read())
