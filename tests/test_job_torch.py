@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 WORLD = 4
 STEPS = 24
 SLOW_RANK, SLOW_FIRST, SLOW_LAST = 2, 8, 13
-SLOW_S = 0.040
+SLOW_S = 0.100
+BASE_S = 0.005  # each step's own compute: four ranks share the cores, a step of each fits in one slow step
 
 
 def _busy(seconds: float) -> None:
@@ -33,10 +34,13 @@ def _rank(rank: int, folder: str, port: int, slow_part: str) -> None:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    torch.set_num_threads(1)  # four ranks on a few cores: threads of their own would make every step noise
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     model = torch.nn.Linear(256, 256)
     slow = rank == SLOW_RANK
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    # a schedule, as training code profiles: without one, torch 2.14 marks no ProfilerStep#N in the trace
+    every_step = torch.profiler.schedule(wait=0, warmup=0, active=STEPS + 1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=every_step) as prof:
         for step in range(STEPS):
             late = slow and SLOW_FIRST <= step <= SLOW_LAST
             with record_function("data"):
@@ -45,7 +49,7 @@ def _rank(rank: int, folder: str, port: int, slow_part: str) -> None:
                     time.sleep(SLOW_S)  # waiting for a slow loader
             loss = model(batch).pow(2).mean()
             loss.backward()
-            _busy(0.020 + (SLOW_S if late and slow_part == "compute" else 0.0))
+            _busy(BASE_S + (SLOW_S if late and slow_part == "compute" else 0.0))
             with record_function("allreduce"):
                 for parameter in model.parameters():
                     dist.all_reduce(parameter.grad)
