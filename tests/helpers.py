@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +129,26 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, every: 
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(every)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`tracehouse ARGV...` in this process: its exit status, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def imported_runs(address: str, files: Mapping[str, Path]) -> Iterator[dict[str, str]]:
+    """Each file imported through the server at `address`: its run id by the key it is given; skips the
+    test where any file is absent (the fixtures of ../shared)."""
+    from agent.shipping.writer import BatchWriter
+    from agent.traces.importer import import_export
+
+    missing = [path.name for path in files.values() if not path.exists()]
+    if missing:
+        pytest.skip(f"fixtures absent: {', '.join(missing)}")
+    writer = BatchWriter(address, patience=120)  # a busy machine: the store may ask to wait
+    try:
+        yield {key: import_export(path, writer).run_id for key, path in files.items()}
+    finally:
+        writer.close()

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from tests.helpers import MS, T0, request, telemetry, trace
+from tests.helpers import MS, T0, request, run_cli, telemetry, trace
 from tracehouse.cli.main import main
 from tracehouse.v1 import ingest_pb2_grpc
 
@@ -20,16 +20,10 @@ def loaded(ingest: ingest_pb2_grpc.IngestStub) -> None:
     ingest.Write(request(trace("cli-2")), timeout=30)
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_series_json_is_one_document_with_exact_times(
     capsys: pytest.CaptureFixture[str], address: str, loaded: None
 ) -> None:
-    code, out, _ = run(
+    code, out, _ = run_cli(
         capsys, "query", "series", "--server", address, "--metric", "gpu.util", "--gpu", "0",
         "--from", "2026-09-21T14:13:20Z", "--to", str(T0 + 5_000 * MS), "--max-points", "5",
         "--format", "json",
@@ -42,35 +36,35 @@ def test_series_json_is_one_document_with_exact_times(
 
 
 def test_events_csv_and_table(capsys: pytest.CaptureFixture[str], address: str, loaded: None) -> None:
-    code, out, _ = run(capsys, "query", "events", "--server", address, "--kind", "kernel", "--format", "csv")
+    code, out, _ = run_cli(capsys, "query", "events", "--server", address, "--kind", "kernel", "--format", "csv")
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0].startswith("run_id,host,kind,start,end,duration_ns")
     assert len(lines) == 11
     assert lines[1].split(",")[3] == str(T0)
-    code, out, _ = run(capsys, "query", "events", "--server", address, "--limit", "2")
+    code, out, _ = run_cli(capsys, "query", "events", "--server", address, "--limit", "2")
     assert code == 0 and "2026-09-21 14:13:20.000 UTC" in out and len(out.strip().splitlines()) == 3
 
 
 def test_runs_devices_metrics_summary(capsys: pytest.CaptureFixture[str], address: str, loaded: None) -> None:
-    assert "resnet" in run(capsys, "query", "runs", "--server", address)[1]
-    assert run(capsys, "query", "devices", "--server", address)[1].strip() == "(no rows)"
-    assert "gpu.power_w" in run(capsys, "query", "metrics", "--server", address, "--run", "run-a")[1]
-    code, out, _ = run(capsys, "query", "kernels", "--server", address, "--format", "json")
+    assert "resnet" in run_cli(capsys, "query", "runs", "--server", address)[1]
+    assert run_cli(capsys, "query", "devices", "--server", address)[1].strip() == "(no rows)"
+    assert "gpu.power_w" in run_cli(capsys, "query", "metrics", "--server", address, "--run", "run-a")[1]
+    code, out, _ = run_cli(capsys, "query", "kernels", "--server", address, "--format", "json")
     assert code == 0 and json.loads(out)[0]["instances"] == 10
 
 
 def test_sql_from_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, address: str,
                         loaded: None) -> None:  # fmt: skip
     monkeypatch.setattr("sys.stdin", io.StringIO("SELECT count() AS n FROM samples"))
-    code, out, _ = run(capsys, "query", "sql", "-", "--server", address, "--format", "json")
+    code, out, _ = run_cli(capsys, "query", "sql", "-", "--server", address, "--format", "json")
     assert code == 0 and json.loads(out) == [{"n": 400}]
 
 
 def test_refusals_exit_2_with_the_servers_reason(capsys: pytest.CaptureFixture[str], address: str) -> None:
-    code, _, err = run(capsys, "query", "sql", "DROP TABLE samples", "--server", address)
+    code, _, err = run_cli(capsys, "query", "sql", "DROP TABLE samples", "--server", address)
     assert code == 2 and "PERMISSION_DENIED" in err and "read-only" in err
-    code, _, err = run(capsys, "query", "series", "--metric", "m", "--run", "nope", "--server", address)
+    code, _, err = run_cli(capsys, "query", "series", "--metric", "m", "--run", "nope", "--server", address)
     assert code == 2 and "NOT_FOUND" in err
 
 
@@ -98,6 +92,6 @@ def test_no_server_exits_1_and_says_what_to_start(capsys: pytest.CaptureFixture[
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code, _, err = run(capsys, "query", "runs", "--server", f"127.0.0.1:{port}", "--timeout", "5")
+    code, _, err = run_cli(capsys, "query", "runs", "--server", f"127.0.0.1:{port}", "--timeout", "5")
     assert code == 1
     assert "tracehouse serve" in err

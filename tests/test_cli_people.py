@@ -20,10 +20,9 @@ from agent.traces.importer import import_export
 from query.client import Client
 from query.headline import compare_headline
 from tests.conftest import FIXTURES
-from tests.helpers import MS, T0, request, telemetry, trace
+from tests.helpers import MS, T0, request, run_cli, telemetry, trace
 from tracehouse.batch import BatchBuilder
 from tracehouse.channel import ClientSecurity
-from tracehouse.cli.main import main
 from tracehouse.cli.options import command_name
 from tracehouse.cli.up import Up, ui_environment
 from tracehouse.config import ENV_COMMAND
@@ -33,12 +32,6 @@ CLOVERLEAF = FIXTURES / "nsys" / "nsys-2024.5-pipit-cloverleaf-4xa100.sqlite"
 RAW = re.compile(r"(nan|<NA>|None|NaT)\b")
 LONG_NUMBER = re.compile(r"\b\d{10,}\b")  # \b: a run id's hex digits are a name, not a number
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def hinted(line: str) -> list[str]:
@@ -67,7 +60,7 @@ def cloverleaf(address: str) -> Iterator[str]:
 def test_kernels_table_reads_in_units_with_distinct_names_and_wide_prints_them_whole(
     capsys: pytest.CaptureFixture[str], address: str, cloverleaf: str, client: Client
 ) -> None:
-    code, out, _ = run(capsys, "query", "kernels", "--run", cloverleaf, "--server", address)
+    code, out, _ = run_cli(capsys, "query", "kernels", "--run", cloverleaf, "--server", address)
     assert code == 0
     readable_table(out)
     lines = out.splitlines()
@@ -77,9 +70,9 @@ def test_kernels_table_reads_in_units_with_distinct_names_and_wide_prints_them_w
     names = [line[: lines[0].index("instances")].strip() for line in lines[1:]]
     assert len(set(names)) == len(summary), "look-alike kernels share a row label"
     assert " ms " in out and " µs " in out and "%" in out
-    code, wide, _ = run(capsys, "query", "kernels", "--run", cloverleaf, "--server", address, "--wide")
+    code, wide, _ = run_cli(capsys, "query", "kernels", "--run", cloverleaf, "--server", address, "--wide")
     assert code == 0 and all(name in wide for name in summary["name"])
-    code, data, _ = run(capsys, "query", "kernels", "--run", cloverleaf, "--server", address, "--format", "json")
+    code, data, _ = run_cli(capsys, "query", "kernels", "--run", cloverleaf, "--server", address, "--format", "json")
     assert [row["total_ns"] for row in json.loads(data)] == summary["total_ns"].tolist()
 
 
@@ -102,7 +95,7 @@ def loaded(ingest: ingest_pb2_grpc.IngestStub) -> None:
 
 
 def test_times_before_now_are_taken_as_typed(capsys: pytest.CaptureFixture[str], address: str, loaded: None) -> None:
-    code, _, err = run(capsys, "query", "series", "--metric", "gpu.util", "--from", "-5m", "--to", "-1m",
+    code, _, err = run_cli(capsys, "query", "series", "--metric", "gpu.util", "--from", "-5m", "--to", "-1m",
                        "--server", address)  # fmt: skip
     assert code == 0, err
     typed = [sys.executable, "-m", "tracehouse.cli", "query", "events", "--from", "-90d", "--server", address]
@@ -114,7 +107,7 @@ def test_every_hint_ups_banner_prints_works(
     capsys: pytest.CaptureFixture[str], address: str, loaded: None, tmp_path: Path
 ) -> None:
     for line in Up.hints(address, ClientSecurity()):
-        code, out, err = run(capsys, *hinted(line))
+        code, out, err = run_cli(capsys, *hinted(line))
         assert code == 0 and out.strip(), err
     token_file = tmp_path / "ui.token"
     for line in Up.hints(address, ClientSecurity("t", token_file=token_file)):
@@ -150,7 +143,7 @@ def test_gpu_time_table_shows_the_longest_gaps_and_how_to_list_the_rest(
     _gappy(ingest, 30)
     assert client.gpu_time(max_gaps=5, run="gappy")["gaps"].attrs["gap_count"] == 60
     assert client.gpu_time(max_gaps=100, run="gappy")["gaps"].attrs["gap_count"] == 60
-    code, out, _ = run(capsys, "query", "gpu-time", "--run", "gappy", "--server", address)
+    code, out, _ = run_cli(capsys, "query", "gpu-time", "--run", "gappy", "--server", address)
     assert code == 0
     readable_table(out)
     table, note = out.split("# gaps\n")[1].rstrip("\n").rsplit("\n", 1)
@@ -158,9 +151,9 @@ def test_gpu_time_table_shows_the_longest_gaps_and_how_to_list_the_rest(
     assert note.startswith("… and 40 more idle gaps longer than 1 ms; ") and note.endswith(" lists them")
     again = hinted(note.split("; ", 1)[1].removesuffix(" lists them"))
     assert again[-2:] == ["--max-gaps", "60"]
-    code, out, _ = run(capsys, *again)
+    code, out, _ = run_cli(capsys, *again)
     assert code == 0 and len(out.split("# gaps\n")[1].strip().splitlines()) == 1 + 60 and "more idle" not in out
-    code, data, _ = run(capsys, "query", "gpu-time", "--run", "gappy", "--server", address, "--format", "json")
+    code, data, _ = run_cli(capsys, "query", "gpu-time", "--run", "gappy", "--server", address, "--format", "json")
     assert len(json.loads(data)["gaps"]) == 60
 
 
@@ -178,24 +171,24 @@ def named(ingest: ingest_pb2_grpc.IngestStub) -> None:
 def test_runs_are_found_by_their_names(
     capsys: pytest.CaptureFixture[str], address: str, named: None, client: Client
 ) -> None:
-    by_id = run(capsys, "query", "kernels", "--run", "run-a", "--server", address, "--format", "json")
-    assert by_id[0] == 0 and run(capsys, "query", "kernels", "--run", "resnet", "--server", address,
+    by_id = run_cli(capsys, "query", "kernels", "--run", "run-a", "--server", address, "--format", "json")
+    assert by_id[0] == 0 and run_cli(capsys, "query", "kernels", "--run", "resnet", "--server", address,
                                  "--format", "json") == by_id  # fmt: skip
     assert client.diff("resnet", "tuned").equals(client.diff("run-a", "run-b"))
     assert client.compare(["tuned", "resnet"])["run_id"].tolist() == ["run-b", "run-a"]
-    code, _, err = run(capsys, "query", "kernels", "--run", "twin", "--server", address)
+    code, _, err = run_cli(capsys, "query", "kernels", "--run", "twin", "--server", address)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "run-c" in err and "run-d" in err and "run id" in err
-    code, _, err = run(capsys, "query", "diff", "twin", "resnet", "--server", address)
+    code, _, err = run_cli(capsys, "query", "diff", "twin", "resnet", "--server", address)
     assert code == 2 and "run-c" in err and "run_a" in err
-    code, _, err = run(capsys, "query", "kernels", "--run", "res net", "--server", address)
+    code, _, err = run_cli(capsys, "query", "kernels", "--run", "res net", "--server", address)
     assert code == 2 and "NOT_FOUND" in err and len(err.strip().splitlines()) == 1
     assert "did you mean 'resnet'?" in err, err
     found = hinted(err.strip().split(": ")[-1])
     assert found == ["query", "runs", "--name", "resnet", "--server", address]
-    code, out, _ = run(capsys, *found)
+    code, out, _ = run_cli(capsys, *found)
     assert code == 0 and "run-a" in out, "the hint lists the run meant"
-    code, _, err = run(capsys, "query", "kernels", "--run", "imagenet", "--server", address)
+    code, _, err = run_cli(capsys, "query", "kernels", "--run", "imagenet", "--server", address)
     assert code == 2 and "did you mean" not in err
     assert hinted(err.strip().split(": ")[-1]) == ["query", "runs", "--name", "imagenet", "--server", address]
 
@@ -203,14 +196,14 @@ def test_runs_are_found_by_their_names(
 def test_diff_takes_two_runs_as_compare_does_and_answers_first(
     capsys: pytest.CaptureFixture[str], address: str, named: None, client: Client
 ) -> None:
-    positional = run(capsys, "query", "diff", "run-a", "run-b", "--server", address, "--format", "json")
+    positional = run_cli(capsys, "query", "diff", "run-a", "run-b", "--server", address, "--format", "json")
     assert positional[0] == 0
-    assert positional == run(capsys, "query", "diff", "--run", "run-a", "--run", "run-b", "--server", address,
+    assert positional == run_cli(capsys, "query", "diff", "--run", "run-a", "--run", "run-b", "--server", address,
                              "--format", "json")  # fmt: skip
     sentence = compare_headline(client.compare(["run-a", "run-b"]), client.diff("run-a", "run-b"))
     assert sentence
     for what in ("diff", "compare"):
-        code, out, _ = run(capsys, "query", what, "run-a", "run-b", "--server", address)
+        code, out, _ = run_cli(capsys, "query", what, "run-a", "run-b", "--server", address)
         assert code == 0 and out.startswith(sentence + "\n\n")
         readable_table(out.split("\n\n", 1)[1])
 
@@ -218,7 +211,7 @@ def test_diff_takes_two_runs_as_compare_does_and_answers_first(
 def test_runs_table_says_how_long_and_on_how_many_gpus(
     capsys: pytest.CaptureFixture[str], address: str, named: None, client: Client
 ) -> None:
-    code, out, _ = run(capsys, "query", "runs", "--server", address)
+    code, out, _ = run_cli(capsys, "query", "runs", "--server", address)
     assert code == 0
     readable_table(out)
     header = out.splitlines()[0]
@@ -242,14 +235,14 @@ def test_the_nvml_refusal_gives_the_reason_and_each_command_its_own_way_out(
         assert "--simulate" not in str(error)
     else:
         pytest.skip("NVML works here")
-    code, _, err = run(capsys, "agent", "--server", "127.0.0.1:1", "--spool", str(tmp_path), "--duration", "1")
+    code, _, err = run_cli(capsys, "agent", "--server", "127.0.0.1:1", "--spool", str(tmp_path), "--duration", "1")
     assert code == 1 and "--simulate N" in err
 
 
 def test_sql_answers_of_any_type_print_as_json(capsys: pytest.CaptureFixture[str], address: str) -> None:
     sql = ("SELECT toDecimal64(1.5, 3) AS fraction, toDecimal64(2, 3) AS whole, "
            "toUUID('61f0c404-5cb3-11e7-907b-a6006ad3dba0') AS id, toDate('2026-12-01') AS day")  # fmt: skip
-    code, out, err = run(capsys, "query", "sql", sql, "--format", "json", "--server", address)
+    code, out, err = run_cli(capsys, "query", "sql", sql, "--format", "json", "--server", address)
     assert code == 0, err
     assert json.loads(out) == [
         {"fraction": "1.500", "whole": 2, "id": "61f0c404-5cb3-11e7-907b-a6006ad3dba0", "day": "2026-12-01"}

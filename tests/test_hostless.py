@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES
-from tracehouse.cli.main import main
+from tests.helpers import run_cli
 
 ALEXNET = FIXTURES / "kineto" / "critical_path_alexnet_benchmark_result_2869224_1695835535_trace.json.gz"
 SIMPLE_ADD = FIXTURES / "kineto" / "critical_path_simple_add_benchmark_result_493459_1694039959_trace.json.gz"
@@ -27,12 +27,6 @@ FILES = (ALEXNET, SIMPLE_ADD, MORDRED, CLOVERLEAF)
 WORK = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 
 pytestmark = pytest.mark.skipif(not all(p.exists() for p in FILES), reason="the fixtures are not all there")
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def kineto_gpus(path: Path) -> tuple[set[int], int]:
@@ -53,7 +47,7 @@ def nsys_gpus(path: Path) -> set[int]:
 
 @pytest.fixture
 def imported(capsys: pytest.CaptureFixture[str], address: str) -> dict[Path, dict[str, Any]]:
-    code, out, err = run(capsys, "import", "--server", address, *map(str, FILES))
+    code, out, err = run_cli(capsys, "import", "--server", address, *map(str, FILES))
     assert code == 0, err
     results = [json.loads(line) for line in out.splitlines()]
     return {Path(result["file"]): result for result in results}
@@ -70,7 +64,7 @@ def test_hostless_traces_are_filed_under_their_own_run_not_this_machine(
     for path in (ALEXNET, SIMPLE_ADD, MORDRED):
         assert imported[path]["host"] == imported[path]["run_id"] != here
     assert imported[CLOVERLEAF]["host"] == "nid008553", "a host the trace names stays"
-    code, out, err = run(capsys, "query", "devices", "--server", address, "--format", "json")
+    code, out, err = run_cli(capsys, "query", "devices", "--server", address, "--format", "json")
     assert code == 0, err
     devices = json.loads(out)
     gpu0 = {row["host"]: row["name"] for row in devices if row["gpu"] == 0}
@@ -79,7 +73,7 @@ def test_hostless_traces_are_filed_under_their_own_run_not_this_machine(
     assert here not in {row["host"] for row in devices}
     for row in devices:
         assert row["run_id"] == row["host"] or row["host"] == "nid008553", "a device belongs to its run"
-    code, table, _ = run(capsys, "query", "devices", "--server", address)
+    code, table, _ = run_cli(capsys, "query", "devices", "--server", address)
     assert "Quadro RTX 6000" in table and "A100-PG509-200" in table
     lines = [line for line in table.splitlines() if line.startswith(imported[MORDRED]["host"])]
     assert len(lines) == 1 and "Quadro RTX 6000" in lines[0], "GPU 0 of the nsys export is listed once, as itself"
@@ -92,21 +86,21 @@ def test_a_runs_gpus_are_those_its_work_touched(
     assert described == 8 and used == {0}
     clover = nsys_gpus(CLOVERLEAF)
     runs = {path: imported[path]["run_id"] for path in (ALEXNET, CLOVERLEAF, MORDRED)}
-    code, out, err = run(capsys, "query", "compare", *runs.values(), "--server", address, "--format", "json")
+    code, out, err = run_cli(capsys, "query", "compare", *runs.values(), "--server", address, "--format", "json")
     assert code == 0, err
     answer = {row["run_id"]: row for row in json.loads(out)}
     assert answer[runs[ALEXNET]]["gpus"] == len(used) and answer[runs[ALEXNET]]["gpu_indices"] == "0"
     assert answer[runs[CLOVERLEAF]]["gpus"] == len(clover)
     assert answer[runs[CLOVERLEAF]]["gpu_indices"] == ",".join(map(str, sorted(clover)))
     assert answer[runs[MORDRED]]["gpus"] == len(nsys_gpus(MORDRED))
-    code, table, err = run(capsys, "query", "runs", "--server", address)
+    code, table, err = run_cli(capsys, "query", "runs", "--server", address)
     assert code == 0, err
     header = cells(table.splitlines()[0])
     for path, run_id in runs.items():
         (line,) = [cells(line) for line in table.splitlines() if line.startswith(run_id)]
         expected = len(used) if path == ALEXNET else len(clover if path == CLOVERLEAF else nsys_gpus(MORDRED))
         assert line[header.index("gpus")] == str(expected), line
-    code, out, _ = run(capsys, "query", "devices", "--server", address, "--format", "json")
+    code, out, _ = run_cli(capsys, "query", "devices", "--server", address, "--format", "json")
     described_clover = [row for row in json.loads(out) if row["host"] == "nid008553"]
     assert len(described_clover) == 4, "the devices the export describes stay listed"
 

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.shipping.writer import BatchWriter
-from agent.traces.importer import import_export
 from query.client import Client
 from tests.conftest import FIXTURES
-from tracehouse.cli.main import main
+from tests.helpers import imported_runs, run_cli
 from tracehouse.cli.options import command_name
 from tracehouse.cli.up import torch_hint
 from tracehouse.shortnames import short_name
@@ -28,23 +26,10 @@ CUTLASS = FIXTURES / "kineto" / "trace_filter_sampled_rank-0.json.gz"
 SHARE = re.compile(r" \(\d+\.\d%\)$")
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def imported(address: str) -> Iterator[dict[str, str]]:
     files = {"saxpy": SAXPY, "steps": STEPS, "cutlass": CUTLASS}
-    missing = [path.name for path in files.values() if not path.exists()]
-    if missing:
-        pytest.skip(f"fixtures absent: {', '.join(missing)}")
-    writer = BatchWriter(address, patience=120)  # a busy machine: the store may ask to wait
-    try:
-        yield {key: import_export(path, writer).run_id for key, path in files.items()}
-    finally:
-        writer.close()
+    yield from imported_runs(address, files)
 
 
 def _kernel_labels(out: str) -> set[str]:
@@ -61,14 +46,14 @@ def test_a_kernel_reads_the_same_in_kernels_compare_and_the_headline_and_whole_w
     a, b = imported["steps"], imported["cutlass"]
     tables, namesakes = {}, set()
     for run_id in (a, b):
-        code, out, err = run(capsys, "query", "kernels", "--run", run_id, "--server", address)
+        code, out, err = run_cli(capsys, "query", "kernels", "--run", run_id, "--server", address)
         assert code == 0, err
         tables[run_id] = _kernel_labels(out)
         names = client.summary("kernels", run=run_id)["name"]
         shorts = names.map(short_name)
         namesakes |= set(names[shorts.duplicated(keep=False)])
         assert {short_name(n) for n in names if n not in namesakes} <= tables[run_id], "the short name, as is"
-    code, out, err = run(capsys, "query", "compare", a, b, "--server", address)
+    code, out, err = run_cli(capsys, "query", "compare", a, b, "--server", address)
     assert code == 0, err
     frame = client.compare([a, b])
     for row in frame.to_dict("records"):
@@ -81,7 +66,7 @@ def test_a_kernel_reads_the_same_in_kernels_compare_and_the_headline_and_whole_w
     biggest = out.splitlines()[0].split("Biggest changes: ")[1]
     named = [n for n in client.diff(a, b)["name"].head(3)]
     assert all(short_name(name) in biggest for name in named), "the headline names kernels as the tables do"
-    code, wide, _ = run(capsys, "query", "compare", a, b, "--server", address, "--full-names")
+    code, wide, _ = run_cli(capsys, "query", "compare", a, b, "--server", address, "--full-names")
     assert code == 0 and all(name in wide for row in frame.to_dict("records")
                              for name in (SHARE.sub("", i) for i in row["top_kernels_full"].split("; ")))  # fmt: skip
 
@@ -89,10 +74,12 @@ def test_a_kernel_reads_the_same_in_kernels_compare_and_the_headline_and_whole_w
 def test_nvtx_gpu_prints_ranges_only_when_asked(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
 ) -> None:
-    code, out, err = run(capsys, "query", "nvtx-gpu", "--run", imported["saxpy"], "--server", address)
+    code, out, err = run_cli(capsys, "query", "nvtx-gpu", "--run", imported["saxpy"], "--server", address)
     assert code == 0, err
     assert "# ranges" not in out and "(no rows)" not in out and "saxpy" in out
-    code, out, err = run(capsys, "query", "nvtx-gpu", "--run", imported["saxpy"], "--ranges", "3", "--server", address)
+    code, out, err = run_cli(
+        capsys, "query", "nvtx-gpu", "--run", imported["saxpy"], "--ranges", "3", "--server", address
+    )
     assert code == 0 and "# ranges" in out, err
 
 
@@ -100,7 +87,7 @@ def test_a_profiler_step_is_found_among_steps_and_a_missing_one_hints_the_steps_
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str], client: Client
 ) -> None:
     run_id = imported["steps"]
-    code, out, err = run(
+    code, out, err = run_cli(
         capsys, "query", "kernels", "--run", run_id, "--range", "ProfilerStep#103", "--server", address
     )
     assert code == 0, err
@@ -108,12 +95,14 @@ def test_a_profiler_step_is_found_among_steps_and_a_missing_one_hints_the_steps_
     third = steps[steps["extras"].map(lambda extras: dict(extras).get("step")) == "103"].iloc[0]
     inside = client.summary("kernels", run=run_id, start=int(third["start"].value), end=int(third["end"].value))
     assert len(out.splitlines()) == 1 + len(inside) > 1
-    code, out, err = run(capsys, "query", "kernels", "--run", run_id, "--range", "ProfilerStep#6", "--server", address)
+    code, out, err = run_cli(
+        capsys, "query", "kernels", "--run", run_id, "--range", "ProfilerStep#6", "--server", address
+    )
     assert code == 2 and "NOT_FOUND" in err
     hint = err.splitlines()[-1]
     assert "ProfilerStep#101, #102, #103, #104, #105" in hint, hint
     pasted = hint[hint.index(command_name() + " ") :]
-    code, again, err = run(capsys, *shlex.split(pasted[len(command_name()) :]))
+    code, again, err = run_cli(capsys, *shlex.split(pasted[len(command_name()) :]))
     assert code == 0 and again.strip(), err
 
 
@@ -124,11 +113,11 @@ def test_sql_refusals_name_the_real_columns_and_their_types(
         ("SELECT end_ns FROM events LIMIT 1", "`end_ns`"),
         ("DESCRIBE events", "not DESCRIBE"),
     ):
-        code, _, err = run(capsys, "query", "sql", sql, "--server", address)
+        code, _, err = run_cli(capsys, "query", "sql", sql, "--server", address)
         assert code == 2 and said in err, err
         assert "The columns of events: run_id" in err and "start DateTime64(9" in err and "end DateTime64(9" in err
         assert "toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS duration_ns" in err
-    code, _, err = run(capsys, "query", "sql", "SELECT id FROM runs", "--server", address)
+    code, _, err = run_cli(capsys, "query", "sql", "SELECT id FROM runs", "--server", address)
     assert code == 2 and "The columns of runs: run_id String" in err, err
 
 
@@ -138,7 +127,7 @@ def test_ns_columns_read_as_durations_by_type_or_name_and_others_are_told_how(
     span = "toIntervalNanosecond(toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start))"
     sql = (f"SELECT end - start AS took, {span} AS span, dateDiff('ns', start, end) AS raw, raw AS raw_ns "
            f"FROM events WHERE run_id = '{imported['saxpy']}' AND kind = 'kernel' ORDER BY start LIMIT 1")  # fmt: skip
-    code, out, err = run(capsys, "query", "sql", sql, "--server", address)
+    code, out, err = run_cli(capsys, "query", "sql", sql, "--server", address)
     assert code == 0, err
     header, row = out.splitlines()
     cells = row.split()
@@ -146,14 +135,14 @@ def test_ns_columns_read_as_durations_by_type_or_name_and_others_are_told_how(
     assert cells[1] in ("ms", "µs") and cells[3] in ("ms", "µs") and cells[6] in ("ms", "µs"), row
     assert cells[4].isdigit(), "a plain integer named otherwise stays a number"
     assert "raw: plain number" in err and "AS raw_ns" in err
-    code, data, _ = run(capsys, "query", "sql", sql, "--server", address, "--format", "json")
+    code, data, _ = run_cli(capsys, "query", "sql", sql, "--server", address, "--format", "json")
     assert code == 0 and '"span": ' in data and isinstance(eval(data.replace("null", "None"))[0]["span"], int)
 
 
 def test_reimporting_says_it_is_stored_already(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
 ) -> None:
-    code, out, err = run(capsys, "import", str(SAXPY), "--server", address)
+    code, out, err = run_cli(capsys, "import", str(SAXPY), "--server", address)
     assert code == 0, err
     assert f"stored already, as run {imported['saxpy']} (imported before): nothing new was stored" in err
     assert imported["saxpy"] in out
@@ -164,7 +153,7 @@ def test_a_csv_is_refused_naming_the_formats_imported(
 ) -> None:
     path = tmp_path / "kernels.csv"
     path.write_text("name,start,end\nk,1,2\n")
-    code, _, err = run(capsys, "import", str(path), "--server", address)
+    code, _, err = run_cli(capsys, "import", str(path), "--server", address)
     assert code == 2
     assert "kernels.csv: not a SQLite file, nor JSON" in err
     assert "Nsight Systems SQLite exports" in err and "PyTorch-profiler traces (Chrome-trace JSON" in err

@@ -16,6 +16,7 @@ from agent.traces.importer import import_export
 from query import verdict_text
 from query.client import Client
 from tests.conftest import FIXTURES
+from tests.helpers import imported_runs, run_cli
 from tracehouse.cli.main import main
 from tracehouse.cli.options import command_name
 
@@ -27,30 +28,17 @@ LONG = FIXTURES / "kineto" / "critical_path_alexnet_benchmark_result_2869224_169
 NVTX = FIXTURES / "nsys" / "nsys-2022.2-pipit-saxpy-mpi-cuda.sqlite"  # no steps; MPI:MPI_Send 10 times, saxpy 5
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def imported(address: str) -> Iterator[dict[str, str]]:
     """The fixtures' run ids, by their short names here."""
     files = {"steps": STEPS_TRACE, "more": MORE_STEPS, "one": ONE_STEP, "none": NO_STEPS, "long": LONG, "nvtx": NVTX}
-    missing = [path.name for path in files.values() if not path.exists()]
-    if missing:
-        pytest.skip(f"fixtures absent: {', '.join(missing)}")
-    writer = BatchWriter(address, patience=120)  # a busy machine: the store may ask to wait
-    try:
-        yield {key: import_export(path, writer).run_id for key, path in files.items()}
-    finally:
-        writer.close()
+    yield from imported_runs(address, files)
 
 
 def test_a_run_with_steps_beside_one_without_is_compared_in_windows_and_the_pasted_hint_tells(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
 ) -> None:
-    code, out, err = run(capsys, "verdict", imported["steps"], imported["none"], "--server", address)
+    code, out, err = run_cli(capsys, "verdict", imported["steps"], imported["none"], "--server", address)
     assert code == 0, err
     assert "Nothing to compare" not in out, out
     headline = out.splitlines()[0]
@@ -64,7 +52,7 @@ def test_a_run_with_steps_beside_one_without_is_compared_in_windows_and_the_past
     assert "--steps REGEX" in lines[said]
     pasted = lines[said + 1].strip()
     assert pasted.startswith(command_name() + " verdict ") and pasted.endswith("--window 20ms"), pasted
-    code, again, err = run(capsys, *shlex.split(pasted[len(command_name()) :]))
+    code, again, err = run_cli(capsys, *shlex.split(pasted[len(command_name()) :]))
     assert code == 0, err
     assert "95 % interval" in again.splitlines()[0] and "Too few windows" not in again, again
     assert "62 windows of 19.8 ms" in again and "44 windows of 20.2 ms" in again
@@ -73,14 +61,14 @@ def test_a_run_with_steps_beside_one_without_is_compared_in_windows_and_the_past
 def test_a_run_that_repeats_an_nvtx_range_is_offered_it_as_steps_and_the_pasted_command_measures_step_time(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
 ) -> None:
-    code, out, err = run(capsys, "verdict", imported["steps"], imported["nvtx"], "--server", address)
+    code, out, err = run_cli(capsys, "verdict", imported["steps"], imported["nvtx"], "--server", address)
     assert code == 0, err
     lines = out.splitlines()
     said = next(i for i, line in enumerate(lines) if line.startswith("Runs without steps repeat"))
     assert "MPI:MPI_Send" in lines[said] and "step time is measured too" in lines[said]
     pasted = lines[said + 1].strip()
     assert pasted.endswith("--steps '^MPI:MPI_Send$'"), pasted
-    code, again, err = run(capsys, *shlex.split(pasted[len(command_name()) :]))
+    code, again, err = run_cli(capsys, *shlex.split(pasted[len(command_name()) :]))
     assert code == 0, err
     assert "step time" in again.splitlines()[0] and "NVTX ranges matching '^MPI:MPI_Send$'" in again
     assert "Runs without steps" not in again and "has no steps" not in err
@@ -90,7 +78,9 @@ def test_windows_cover_each_run_whole_so_its_busy_is_the_whole_runs(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str], client: Client
 ) -> None:
     """alexnet lasts 43.5 s: 10 s windows used to leave out its last 3.5 s and the work in them."""
-    code, out, err = run(capsys, "verdict", imported["long"], imported["none"], "--server", address, "--format", "json")
+    code, out, err = run_cli(
+        capsys, "verdict", imported["long"], imported["none"], "--server", address, "--format", "json"
+    )
     assert code == 0, err
     answer = json.loads(out)
     for row in answer["runs"]:
@@ -109,7 +99,7 @@ def test_windows_cover_each_run_whole_so_its_busy_is_the_whole_runs(
 def test_two_runs_against_one_are_said_so_and_parts_read_by_their_short_names(
     capsys: pytest.CaptureFixture[str], address: str, imported: dict[str, str]
 ) -> None:
-    code, out, err = run(capsys, "verdict", f"{imported['steps']},{imported['more']}", imported["one"],
+    code, out, err = run_cli(capsys, "verdict", f"{imported['steps']},{imported['more']}", imported["one"],
                          "--server", address)  # fmt: skip
     assert code == 0, err
     headline = out.splitlines()[0]
@@ -118,7 +108,7 @@ def test_two_runs_against_one_are_said_so_and_parts_read_by_their_short_names(
     parts = out[out.index("Where the step time went") :].split("\n\n")[0].splitlines()[2:]
     assert all("…" not in line.split("  ")[0] or line.split("  ")[0].endswith(("(…)", ">", "…")) for line in parts)
     assert all(line.rstrip().endswith(("µs", "ms", "ns", "s", "")) for line in parts)
-    code, full, _ = run(capsys, "verdict", f"{imported['steps']},{imported['more']}", imported["one"],
+    code, full, _ = run_cli(capsys, "verdict", f"{imported['steps']},{imported['more']}", imported["one"],
                         "--server", address, "--full-names")  # fmt: skip
     with Client(address, timeout=60) as client:
         named = client.verdict([imported["steps"], imported["more"]], [imported["one"]])["parts"]["part"].head(10)
@@ -156,7 +146,7 @@ def test_runs_with_nothing_to_measure_are_refused_with_why_and_no_window_that_ca
         a, b = (import_export(path, writer).run_id for path in (ranges_only, api_only))
     finally:
         writer.close()
-    code, out, err = run(capsys, "verdict", a, b, "--server", address)
+    code, out, err = run_cli(capsys, "verdict", a, b, "--server", address)
     assert code == 0, err
     first = out.splitlines()[0]
     assert first.startswith("Nothing to compare: no GPU work in nsys-2022.4-efficientcenterformer-nvtx, "

@@ -21,7 +21,7 @@ from agent.traces.importer import import_export
 from query.client import Client
 from query.stepwindow import step_window
 from tests.conftest import FIXTURES
-from tracehouse.cli.main import main
+from tests.helpers import run_cli
 from tracehouse.timefmt import format_instant, format_offset
 
 RELATIVE = FIXTURES / "nsys" / "nsys-2021.2-mordred-report1.sqlite"
@@ -33,12 +33,6 @@ STEPPED = [FIXTURES / "kineto" / name for name in (
 DATE = re.compile(r"\b(19|20)\d\d-\d\d-\d\d\b")
 WORK = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 CALLS = {"cuda_runtime", "cuda_driver", "Runtime"}
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -67,7 +61,7 @@ def test_a_relative_time_run_has_one_window_and_prints_offsets(
     server = ("--server", address)
 
     def busy(*argv: str) -> dict[str, Any]:
-        code, out, err = run(capsys, "query", "gpu-time", *argv, *server, "--format", "json")
+        code, out, err = run_cli(capsys, "query", "gpu-time", *argv, *server, "--format", "json")
         assert code == 0, err
         (gpu,) = json.loads(out)["gpus"]
         return dict(gpu)
@@ -76,21 +70,21 @@ def test_a_relative_time_run_has_one_window_and_prints_offsets(
     assert (whole["span_start_ns"], whole["span_end_ns"], whole["window"]) == (start, end, "run")
     given = busy("--run", run_id, "--from", str(start), "--to", str(end))
     assert given["busy_pct"] == whole["busy_pct"] and given["window"].startswith("from-to")
-    code, out, err = run(capsys, "query", "compare", run_id, *server, "--format", "json")
+    code, out, err = run_cli(capsys, "query", "compare", run_id, *server, "--format", "json")
     assert code == 0, err
     assert json.loads(out)[0]["busy_pct"] == pytest.approx(whole["busy_pct"], rel=1e-12)
     assert whole["busy_ns"] * 100 / (end - start) == pytest.approx(whole["busy_pct"], rel=1e-12)
 
     for argv in (("gpu-time", "--run", run_id), ("events", "--run", run_id, "--limit", "50"),
                  ("kernels", "--run", run_id), ("compare", run_id)):  # fmt: skip
-        code, out, err = run(capsys, "query", *argv, *server)
+        code, out, err = run_cli(capsys, "query", *argv, *server)
         assert code == 0, err
         assert "1970" not in out and not DATE.search(out), out
-    code, out, _ = run(capsys, "query", "gpu-time", "--run", run_id, *server)
+    code, out, _ = run_cli(capsys, "query", "gpu-time", "--run", run_id, *server)
     assert f"{format_offset(end - start)}" in out and "+0 ns" in out and "run" in out
-    code, out, _ = run(capsys, "query", "compare", run_id, *server)
+    code, out, _ = run_cli(capsys, "query", "compare", run_id, *server)
     assert "no wall clock" in out
-    code, out, _ = run(capsys, "query", "gpu-time", "--run", run_id, *server, "--format", "csv")
+    code, out, _ = run_cli(capsys, "query", "gpu-time", "--run", run_id, *server, "--format", "csv")
     assert str(end) in out, "csv keeps exact ns"
 
 
@@ -156,7 +150,7 @@ def test_busy_over_the_profiler_steps_is_the_json_s(
     run_id = import_export(path, writer).run_id
     lo, hi, busy = by_hand(load(path))
     server = ("--server", address)
-    code, out, err = run(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", *server,
+    code, out, err = run_cli(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", *server,
                          "--format", "json")  # fmt: skip
     assert code == 0, err
     gpus = json.loads(out)["gpus"]
@@ -165,9 +159,9 @@ def test_busy_over_the_profiler_steps_is_the_json_s(
         assert (gpu["span_start_ns"], gpu["span_end_ns"]) == (lo, hi)
         assert gpu["busy_pct"] == pytest.approx(100 * busy[gpu["gpu"]] / (hi - lo), rel=1e-12)
         assert gpu["window"].startswith("profiler-steps (")
-    code, out, err = run(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", *server)
+    code, out, err = run_cli(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", *server)
     assert code == 0 and "profiler-steps (" in out, err
-    code, out, err = run(capsys, "query", "gpu-time", "--run", run_id, *server, "--format", "json")
+    code, out, err = run_cli(capsys, "query", "gpu-time", "--run", run_id, *server, "--format", "json")
     assert code == 0 and {gpu["window"] for gpu in json.loads(out)["gpus"]} == {"run"}
 
 
@@ -176,11 +170,13 @@ def test_profiler_steps_refused_where_a_run_has_none(
     capsys: pytest.CaptureFixture[str], address: str, writer: BatchWriter
 ) -> None:
     run_id = import_export(RELATIVE, writer).run_id
-    code, _, err = run(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", "--server", address)
+    code, _, err = run_cli(
+        capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", "--server", address
+    )
     assert code == 2 and "has no profiler steps on the GPU" in err and "leave out --over" in err
-    code, _, err = run(capsys, "query", "gpu-time", "--over", "profiler-steps", "--server", address)
+    code, _, err = run_cli(capsys, "query", "gpu-time", "--over", "profiler-steps", "--server", address)
     assert code == 2 and "--run RUN" in err
-    code, _, err = run(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", "--from", "0",
+    code, _, err = run_cli(capsys, "query", "gpu-time", "--run", run_id, "--over", "profiler-steps", "--from", "0",
                        "--server", address)  # fmt: skip
     assert code == 2 and "leave out --from" in err
 

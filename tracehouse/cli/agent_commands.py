@@ -22,6 +22,7 @@ from tracehouse.cli.options import (
     _tag,
     _tick,
     command_name,
+    failed_call_exit,
 )
 
 
@@ -203,7 +204,7 @@ def run_import(args: argparse.Namespace) -> int:
                 continue
             except WriteFailed as error:
                 print(f"tracehouse: {path.name}: {_not_taken(error)}", file=sys.stderr)
-                return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+                return failed_call_exit(error.code.name)
             except Exception as error:  # a reader's defect: still one line, never a traceback
                 reason = (str(error).strip().splitlines() or [""])[0][:200]
                 print(f"tracehouse: {path.name}: cannot import it ({type(error).__name__}: {reason})", file=sys.stderr)

@@ -18,6 +18,7 @@ from tracehouse.cli.options import (
     _add_run_and_times,
     _add_server_option,
     _client_security,
+    failed_call_exit,
 )
 
 if TYPE_CHECKING:
@@ -71,8 +72,7 @@ def _fetch(args: argparse.Namespace) -> WindowData | int:
         try:
             data = fetch(client, run=args.run, host=args.host, start=args.start, end=args.end)
         except QueryFailed as error:
-            unavailable = error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-            return _refuse(str(error), EXIT_UNAVAILABLE if unavailable else EXIT_USAGE)
+            return _refuse(str(error), failed_call_exit(error.code.name))
     if data.empty:
         what = f"run {args.run}" if args.run else "the window"
         return _refuse(f"{what} holds no events and no telemetry there; nothing written", EXIT_UNAVAILABLE)

@@ -8,12 +8,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tracehouse.cli.options import (
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
     _add_client_security,
     _add_server_option,
     _client_security,
     _seconds,
+    failed_call_exit,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ def run_job(args: argparse.Namespace) -> int:
         view = client.job(args.job, args.steps, args.step_rows)
     except QueryFailed as error:
         print(f"tracehouse: {error.message}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+        return failed_call_exit(error.code.name)
     finally:
         client.close()
     _print(view, args)

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
+_LATER = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # the server away or slow: the same call may work later
+
+
+def failed_call_exit(code_name: str) -> int:
+    """The exit status of a command whose call the server refused or never answered, by its gRPC code."""
+    return EXIT_UNAVAILABLE if code_name in _LATER else EXIT_USAGE
+
+
 TIME_OPTIONS = ("--from", "--to")
 _RELATIVE_TIME = re.compile(r"-\d")  # -5m: a time before now, not an option
 

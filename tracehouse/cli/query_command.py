@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracehouse.cli.options import (
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     _add_client_security,
     _add_run_and_times,
@@ -20,6 +19,7 @@ from tracehouse.cli.options import (
     _positive,
     _tag,
     command_name,
+    failed_call_exit,
 )
 from tracehouse.model import DEFAULT_LIMITS, EVENT_KINDS, RUN_SOURCES
 
@@ -179,7 +179,7 @@ def run_query(args: argparse.Namespace) -> int:
         print(f"tracehouse: {pasteable(str(error), getattr(args, 'typed', []))}", file=sys.stderr)
         if hint:
             print(f"tracehouse: {hint}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+        return failed_call_exit(error.code.name)
     finally:
         client.close()
 

@@ -9,13 +9,13 @@ import sys
 from typing import Any
 
 from tracehouse.cli.options import (
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     _add_client_security,
     _add_server_option,
     _client_security,
     _duration,
     _seconds,
+    failed_call_exit,
 )
 from tracehouse.model import MAX_EVENT_NS
 
@@ -130,7 +130,7 @@ def run_verdict(args: argparse.Namespace) -> int:
         frames = client.verdict(args.a, args.b, args.measure, args.skip, args.steps, args.window, args.min_effect)
     except QueryFailed as error:
         print(f"tracehouse: {error}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if error.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else EXIT_USAGE
+        return failed_call_exit(error.code.name)
     finally:
         client.close()
     _print(frames, args)
