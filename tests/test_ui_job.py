@@ -4,31 +4,21 @@ AppTest against the real server and chDB store, on a synthetic job with a known 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
 import numpy as np
 import pandas as pd
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from tests.job_trace import COMPUTE_NS, MS, JobSpec
 from tests.test_job import _store
-from tests.test_ui import figure_of, open_app, param, texts
+from tests.test_ui import figure_of, fresh_caches, open_app, param, texts  # noqa: F401 (fresh_caches: autouse)
 from ui.peers import default_peers, members, parse_peers
 from ui.view import ViewError
 
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_resource.clear()
 
 
 def click(app: AppTest, rank: int, step: int) -> dict[str, str]:
