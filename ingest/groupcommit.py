@@ -6,9 +6,9 @@ So the parts the store makes, and what each insert costs, follow the data, not t
 writers. Each writer is answered when the group holding its batch is stored, or once the group is
 claimed (Store.claim_group: from then on it is stored once whatever fails) when storing it takes
 longer than `answer_within_s`, when it is a bulk writer's (`bulk_rows` rows or more), or while
-`answer_at_claim()` says so (the admission turns writers
-away: ingest/admission.py). Batches that describe runs are answered only once stored, and are
-stored after every group taken before them: what their writers send next may read them. A batch
+`answer_at_claim()` says so (the admission turns writers away: ingest/admission.py). Batches that
+describe runs are answered only once stored, and are stored after every group taken before them:
+what their writers send next may read them. A batch
 that stands alone (store/group.py: an import's chunk) is a group by itself, answered once stored.
 A read waits for the groups whose writers were answered before they were stored (`settle_answered`):
 whoever reads this server sees every write it answered.
