@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from query.jobstragglers import ROBUST_SIGMA
+
 MIN_MATCHED = 3
 TIME_RESOLUTION_NS = 1_000
 AGENT_FLOOR_NS = 500_000
-ROBUST_SIGMA = 1.4826
 
 _KINDS = (
     ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
