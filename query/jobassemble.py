@@ -171,7 +171,7 @@ def rank_data(table: pa.Table, rank: Rank) -> RankData:
         }
     )
     comm_at = np.flatnonzero(classes == "comm")
-    comm_names = [names_of_others for names_of_others in np.asarray(names, dtype=object)[others][comm_at]]
+    comm_names = list(np.asarray(names, dtype=object)[others][comm_at])
     family = jc.one_family(on_gpu, comm_names)
     o_bytes = table.column("bytes").to_numpy()[others]
     collectives = [
