@@ -6,6 +6,8 @@ import re
 import time
 from datetime import UTC, datetime
 
+from tracehouse import units
+
 NS_PER_S = 1_000_000_000
 
 _UNITS_NS = {
@@ -116,6 +118,4 @@ def format_instant(ns: int, wall_clock: bool = True, origin_ns: int = 0) -> str:
     `origin_ns`, the run's start ('+3.362 s'), never a 1970 date. Programs read the ns themselves."""
     if not wall_clock:
         return format_offset(ns - origin_ns)
-    whole, fraction = divmod(int(ns), NS_PER_S)
-    stamp = datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{stamp}.{fraction // 1_000_000:03d} UTC"
+    return units.instant(ns)
