@@ -255,8 +255,8 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         if table:
             from tracehouse.cli.query_hints import sql_note
 
-            if sql_note(frame, text):
-                print(sql_note(frame, text), file=sys.stderr)
+            if note_on_ns := sql_note(frame, text):
+                print(note_on_ns, file=sys.stderr)
     if table:
         frame = _clock_for_people(client, args, frame)
     if isinstance(frame, dict):
