@@ -22,6 +22,7 @@ from query import jobcollectives as jc
 from query.jobparts import COLLECTIVE, GPU_KINDS, HOST_KINDS, Intervals, classify, step_parts
 from tracehouse.jobs import membership_of
 from tracehouse.metrics import AGENT_SERVER_OFFSET, AGENT_SERVER_OFFSET_UNCERTAINTY
+from tracehouse.units import NS_PER_S
 
 Query = Callable[[str, dict[str, Any]], pa.Table]
 MAX_RANKS = 16_384
@@ -48,6 +49,7 @@ WHERE run_id IN {{runs:Array(String)}} AND (kind = 'step' OR kind IN {tuple(sort
       OR (kind IN {tuple(sorted(HOST_KINDS))} AND depth <= 2))
 ORDER BY run_id, start LIMIT {MAX_EVENTS_PER_RANK} BY run_id"""
 BATCH_RANKS = 128
+OFFSETS_MARGIN_NS = 600 * NS_PER_S  # agent offsets read this far before the first start and after the last step
 OFFSETS_SQL = f"""
 SELECT host, groupArrayIf(value, metric = '{AGENT_SERVER_OFFSET}') AS offsets,
        groupArrayIf(value, metric = '{AGENT_SERVER_OFFSET_UNCERTAINTY}') AS uncertainties FROM {{db}}.samples
@@ -204,8 +206,8 @@ def assemble(
     data = read_ranks(query, ranks)
     hosts = {rank.rank: rank.host for rank in ranks}
     starts = [r["start_ns"] for r in runs]
-    offsets, uncertainties = agent_offsets(query, sorted(set(hosts.values())), min(starts) - 600 * 10**9,
-                            max(s for s in (*starts, *(v[1] for v in steps.values()))) + 600 * 10**9)  # fmt: skip
+    offsets, uncertainties = agent_offsets(query, sorted(set(hosts.values())), min(starts) - OFFSETS_MARGIN_NS,
+                            max(s for s in (*starts, *(v[1] for v in steps.values()))) + OFFSETS_MARGIN_NS)  # fmt: skip
     instances = jc.matched({rank: d.collectives for rank, d in data.items()})
     alignment = jc.align(hosts, instances, offsets, uncertainties)
     now = time.time_ns()
