@@ -117,7 +117,7 @@ def lanes_of(ranks: Ranks, scope: Scope, kinds: list[str], buckets: int) -> pd.D
         if not attrs:
             attrs = dict(lanes.attrs)
         frames.append(shifted_frame(lanes, member, ["bucket_start_ns"]))
-    combined = pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+    combined = _stacked(frames)
     combined.attrs.update(attrs, events=sum(per_rank.values()), per_rank=per_rank)
     return combined
 
@@ -128,6 +128,11 @@ def events_of(ranks: Ranks, scope: Scope, kinds: list[str], limit: int) -> pd.Da
         shifted_frame(ask("events", kinds=kinds, limit=limit, **window), member, ["start", "end"])
         for member, window in ranks.windows(scope)
     ]
+    return _stacked(frames)
+
+
+def _stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' frames one under another; the first, empty, where every one is."""
     return pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
 
 
