@@ -325,13 +325,14 @@ def both_styles(summary: pd.DataFrame, shown: int = 5) -> str:
     return f"Used both as push/pop and as start/end ranges, so one row per style: {listed}"
 
 
-def _connection(typed: Sequence[str]) -> list[str]:
-    """The options of `typed` that say which server to ask and how: a hint's command needs them too."""
+def _connection(typed: Sequence[str], options: Sequence[str] = CONNECTION_OPTIONS) -> list[str]:
+    """The options of `typed` that say which server to ask and how (`options`), with their values: a hint's
+    command needs them too."""
     out: list[str] = []
     for i, arg in enumerate(typed):
-        if arg in CONNECTION_OPTIONS and i + 1 < len(typed):
+        if arg in options and i + 1 < len(typed):
             out += [arg, typed[i + 1]]
-        elif arg.split("=", 1)[0] in CONNECTION_OPTIONS and "=" in arg:
+        elif arg.split("=", 1)[0] in options and "=" in arg:
             out.append(arg)
     return out
 

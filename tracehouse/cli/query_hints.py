@@ -75,14 +75,9 @@ def steps_hint(client: Client, args: argparse.Namespace, message: str) -> str:
 
 
 def _connection_and_run(typed: Sequence[str]) -> list[str]:
-    options = ("--server", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--run")
-    out: list[str] = []
-    for i, arg in enumerate(typed):
-        if arg in options and i + 1 < len(typed):
-            out += [arg, typed[i + 1]]
-        elif "=" in arg and arg.split("=", 1)[0] in options:
-            out.append(arg)
-    return out
+    from tracehouse.cli.query_command import CONNECTION_OPTIONS, _connection
+
+    return _connection(typed, (*CONNECTION_OPTIONS, "--run"))
 
 
 NS_SQL = re.compile(r"toUnixTimestamp64Nano|(dateDiff|age|date_diff)\s*\(\s*'(ns|nanosecond)", re.IGNORECASE)
