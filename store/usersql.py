@@ -216,7 +216,8 @@ def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: floa
     message = _VERSION.sub("", clean_error(error))
     if code == _SYNTAX_ERROR:
         message = in_user_text(message, sql, head)
-    statement = _NOT_A_QUERY.search(_COMMENTS.sub(" ", sql)) if code == _SYNTAX_ERROR else None
+    bare = _COMMENTS.sub(" ", sql)
+    statement = _NOT_A_QUERY.search(bare) if code == _SYNTAX_ERROR else None
     if statement:
         verb = " ".join(statement.group(1).upper().split())
         return SqlRejected("readonly", f"read-only: only queries (SELECT, WITH) run here, not {verb}")
@@ -229,9 +230,8 @@ def _sql_rejection(error: DatabaseError, sql: str, limits: Limits, started: floa
         )
     if code in _TOO_LARGE:
         return SqlRejected("too_large", f"query exceeded a size limit: {message}")
-    if code == _SYNTAX_ERROR and _DESCRIBE.match(_COMMENTS.sub(" ", sql)):
-        verb = _DESCRIBE.match(_COMMENTS.sub(" ", sql)).group(1).upper()  # type: ignore[union-attr]
-        message = f"sql: only queries (SELECT, WITH) run here, not {verb}."
+    if code == _SYNTAX_ERROR and (describe := _DESCRIBE.match(bare)):
+        message = f"sql: only queries (SELECT, WITH) run here, not {describe.group(1).upper()}."
     if code in _UNKNOWN_NAMES or message.startswith("sql: only queries"):
         return _NamesUnknown("invalid", message)
     return SqlRejected("invalid", message)
