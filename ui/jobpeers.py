@@ -12,7 +12,7 @@ import streamlit as st
 
 from ui.controls import Scope, show, stamp
 from ui.data import ask, attempt, plain
-from ui.peers import MAX_PEERS, Member, default_peers, members, parse_peers, peers_text, shifted
+from ui.peers import MAX_PEERS, Member, default_peers, members, parse_peers, peers_text, shifted, step_ns
 from ui.view import ViewError
 
 
@@ -43,8 +43,7 @@ def step_times(job: str, step: str) -> dict[int, int]:
     answer, why = attempt("job", job, steps=f"^{step}$", step_rows=True)
     if why or answer.steps is None:
         return {}
-    steps = answer.steps[answer.steps["step"] == int(step)]
-    return dict(zip(steps["rank"].astype(int), steps["dur_ns"].astype(int), strict=True))
+    return step_ns(answer.steps, int(step))
 
 
 def job_ranks(scope: Scope) -> Ranks | None:

@@ -93,6 +93,12 @@ def default_peers(rank: int, candidates: Sequence[int], step_ns: Mapping[int, in
     return sorted({*nearest, *([median] if median != rank else [])})
 
 
+def step_ns(steps: pd.DataFrame, step: int) -> dict[int, int]:
+    """Each rank's step time at `step`, from the job's step rows (rank, step, dur_ns)."""
+    at = steps[steps["step"] == step]
+    return dict(zip(at["rank"].astype(int), at["dur_ns"].astype(int), strict=True))
+
+
 def parse_peers(text: str, candidates: Sequence[int]) -> list[int] | None:
     """The peers a URL names ("3,4,0"; "none"), None where it names none (the default then)."""
     if not text:

@@ -14,7 +14,7 @@ import streamlit as st
 from query.jobclient import headline
 from tracehouse import units
 from ui.data import ask, attempt, plain
-from ui.peers import default_peers, members, peers_text
+from ui.peers import default_peers, members, peers_text, step_ns
 from ui.tables import styled
 from ui.view import View
 
@@ -88,13 +88,8 @@ elif detail.steps is not None and not detail.steps.empty:
         run = view.ranks.set_index("rank")["run_id"].get(rank, "")
         if not cell.empty and run:
             start = int(cell["start_ns"].iloc[0])
-            at_step = steps[steps["step"] == step]
             placed, _ = members(view.ranks, rank)
-            peers = default_peers(
-                rank,
-                [r for r in placed if r != rank],
-                dict(zip(at_step["rank"].astype(int), at_step["dur_ns"].astype(int), strict=True)),
-            )
+            peers = default_peers(rank, [r for r in placed if r != rank], step_ns(steps, step))
             timeline = View(run=run, start=str(start), end=str(start + int(cell["dur_ns"].iloc[0])), job=job,
                             step=str(step), peers=peers_text(peers))  # fmt: skip
             st.page_link("pages/timeline.py", label=f"Rank {rank}'s timeline at step {step}, its peers below",
