@@ -67,16 +67,11 @@ def _frames(view: JobView) -> dict[str, pd.DataFrame]:
 
 def _print(view: JobView, args: argparse.Namespace) -> None:
     from query.jobclient import headline
-    from tracehouse.cli.output import _as_ns, _jsonable, render_many, table_text
+    from tracehouse.cli.output import json_document, render_many, table_text
 
     frames = _frames(view)
     if args.format == "json":
-        document: dict[str, Any] = {
-            name: [{k: _jsonable(v) for k, v in row.items()} for row in _as_ns(frame).to_dict(orient="records")]
-            for name, frame in frames.items()
-        }
-        document.update(notes=view.notes, generation=view.generation)
-        print(json.dumps(document))
+        print(json.dumps({**json_document(frames), "notes": view.notes, "generation": view.generation}))
         return
     if args.format == "csv":
         render_many(frames, "csv")

@@ -108,15 +108,19 @@ def table_text(frame: pd.DataFrame, wide: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def json_document(frames: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    """Several tables as one JSON object of arrays of rows, exact ns and bytes."""
+    return {
+        name: [{k: _jsonable(v) for k, v in row.items()} for row in _as_ns(frame).to_dict(orient="records")]
+        for name, frame in frames.items()
+    }
+
+
 def render_many(frames: dict[str, pd.DataFrame], fmt: str, out: TextIO | None = None, wide: bool = False) -> None:
     """Several tables: one JSON object of arrays, or each table under a `# name` line."""
     out = out or sys.stdout
     if fmt == "json":
-        document = {
-            name: [{k: _jsonable(v) for k, v in row.items()} for row in _as_ns(frame).to_dict(orient="records")]
-            for name, frame in frames.items()
-        }
-        json.dump(document, out)
+        json.dump(json_document(frames), out)
         out.write("\n")
         return
     for number, (name, frame) in enumerate(frames.items()):
