@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from tracehouse.readable import NO_WALL_CLOCK, column_kind, header
+from tracehouse.readable import column_kind, header, run_starts
 from tracehouse.timefmt import format_instant
 
 
@@ -64,8 +64,9 @@ def starts_without_wall_clock(frame: pd.DataFrame, relative: dict[str, bool], co
     if column not in frame.columns or not any(relative.get(str(run), False) for run in frame["run_id"]):
         return frame
     shown = frame.copy()
-    shown[column] = [
-        NO_WALL_CLOCK if relative.get(str(run), False) or ns is None else format_instant(ns)
-        for run, ns in zip(frame["run_id"], (ns_of(v) for v in frame[column]), strict=True)
+    clockless = [
+        relative.get(str(run), False) or ns_of(value) is None
+        for run, value in zip(frame["run_id"], frame[column], strict=True)
     ]
+    shown[column] = run_starts(frame[column], pd.Series(clockless, dtype=bool))
     return shown
