@@ -58,12 +58,20 @@ def step_window(annotations: pd.DataFrame, ranges: pd.DataFrame) -> StepWindow |
     and its marked ranges with their projection (`ranges`: kind, gpu_start_ns, gpu_end_ns, as the Query
     client's nvtx_gpu answers them); None when it has neither GPU-side ProfilerStep annotations nor
     steps that launched GPU work."""
+    return _annotated(annotations) or _projected(ranges)
+
+
+def _annotated(annotations: pd.DataFrame) -> StepWindow | None:
     if len(annotations) and "name" in annotations:
         marked = annotations[annotations["name"].astype(str).str.startswith(STEP_PREFIX)]
         starts = [ns for ns in map(ns_of, marked["start"]) if ns is not None]
         ends = [ns for ns in map(ns_of, marked["end"]) if ns is not None]
         if starts and ends and max(ends) > min(starts):
             return StepWindow(min(starts), max(ends), int(marked["name"].nunique()), FROM_ANNOTATIONS)
+    return None
+
+
+def _projected(ranges: pd.DataFrame) -> StepWindow | None:
     if len(ranges) and "kind" in ranges:
         steps = ranges[(ranges["kind"] == "step") & ranges["gpu_start_ns"].notna() & ranges["gpu_end_ns"].notna()]
         if len(steps):
@@ -74,10 +82,10 @@ def step_window(annotations: pd.DataFrame, ranges: pd.DataFrame) -> StepWindow |
 
 
 def profiler_step_window(client: StepClient, run: str) -> StepWindow | None:
-    """The profiler-step window of run `run` (id or name), asked of `client` (query.client.Client)."""
-    annotations = client.events(["gpu_annotation"], limit=DEFAULT_LIMITS.max_page_size, run=run)
-    ranges = client.nvtx_gpu(DEFAULT_LIMITS.max_list_rows, run=run)["ranges"]
-    return step_window(annotations, ranges)
+    """The profiler-step window of run `run` (id or name), asked of `client` (query.client.Client): the
+    projection of its ranges (nvtx_gpu) only where it has no GPU-side ProfilerStep annotations."""
+    found = _annotated(client.events(["gpu_annotation"], limit=DEFAULT_LIMITS.max_page_size, run=run))
+    return found or _projected(client.nvtx_gpu(DEFAULT_LIMITS.max_list_rows, run=run)["ranges"])
 
 
 def no_steps(run: str) -> str:
