@@ -54,6 +54,7 @@ Fetch = Callable[[str, dict[str, object]], pa.Table]  # a query's text and param
 # Nsight's and PyTorch's habits: ProfilerStep#12, step, train_step 12, iteration:3, Iter 7
 DEFAULT_STEP_PATTERN = r"^(ProfilerStep#\d+|(?i:(train(ing)?[ _-]?)?(step|iter|iteration))([ _#:-]*\d+)?)$"
 DEFAULT_WINDOW_NS = 10_000_000_000
+MIN_WINDOW_NS = 1_000_000  # the shortest window a verdict takes
 DEFAULT_MIN_EFFECT = 0.02
 MAX_PATTERN_BYTES = 256
 MAX_STEPS = 100_000  # per run: the first ones
@@ -96,7 +97,7 @@ class VerdictOptions:
                 raise QueryError("measures", f"{name[:64]!r} is not one of {', '.join(MEASURES)}")
         if len(self.step_pattern.encode()) > MAX_PATTERN_BYTES:
             raise QueryError("step_pattern", f"longer than {MAX_PATTERN_BYTES} bytes")
-        if self.window_ns < 1_000_000:
+        if self.window_ns < MIN_WINDOW_NS:
             raise QueryError("window_ns", "windows are at least 1 ms long")
         if not 0 < self.min_effect < 1:
             raise QueryError("min_effect", "a fraction between 0 and 1 (0.02 is 2 %)")

@@ -11,13 +11,12 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from query.verdict import RESOLUTION_NS  # a difference below it is none
+from query.verdict import MIN_WINDOW_NS, RESOLUTION_NS
 from tracehouse.shortnames import unique_short_names
 from tracehouse.units import duration, missing, number, percent
 
 PARTS_SHOWN = 10
 MIN_WINDOWS = 30  # windows a suggested --window gives the shortest run: 10 batches of 3 (verdict_stats)
-MIN_WINDOW_NS = 1_000_000  # the shortest window a verdict takes
 TITLES = {
     "parts": "Where the step time went (per step, B - A)",
     "phases": "By phase (per step, B - A)",
