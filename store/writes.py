@@ -13,6 +13,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from store.arrowinsert import insert_arrow
 from store.base import StoreBase
 from store.claim import (
     ALREADY_CLAIMED,
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 _BAD_DATA = {
     6, 27, 38, 41, 53, 69, 70, 72,  # CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE
     117, 131, 190, 321, 349,  # INCORRECT_DATA, TOO_LARGE_STRING_SIZE, SIZES_OF_ARRAYS_DONT_MATCH, out of range, NULL
+    800,  # PY_EXCEPTION_OCCURED: chDB's Python() read of the rows refused them (store/arrowinsert.py)
 }  # fmt: skip
 
 
@@ -163,7 +165,12 @@ class GroupWrites(StoreBase):
             done, self._done = self._done, []
         rows = [*rows, *(done_row(commit) for commit in done)]
         try:
-            client.insert_arrow(f"{self.db}.ingest_pending", pa.Table.from_pylist(rows, schema=PENDING_SCHEMA))
+            insert_arrow(
+                client,
+                self.location.engine,
+                f"{self.db}.ingest_pending",
+                pa.Table.from_pylist(rows, schema=PENDING_SCHEMA),
+            )
         except BaseException:
             with self._done_lock:
                 self._done.extend(done)
@@ -205,7 +212,9 @@ class GroupWrites(StoreBase):
         crash_point("tables")
         kept = [i for i in range(len(group.batch_ids)) if i not in refused and i not in taken]
         if kept:
-            client.insert_arrow(
+            insert_arrow(
+                client,
+                self.location.engine,
                 f"{self.db}.ingest_batches",
                 pa.table(
                     {
@@ -253,7 +262,9 @@ class GroupWrites(StoreBase):
 
     def _insert(self, client: Client, table: str, data: pa.Table, token: str) -> None:
         try:
-            client.insert_arrow(
+            insert_arrow(
+                client,
+                self.location.engine,
                 f"{self.db}.{table}",
                 data.combine_chunks(),  # one block for the engine, not one per batch: half the CPU
                 settings={"insert_deduplication_token": token},
@@ -321,7 +332,9 @@ class GroupWrites(StoreBase):
             with self._done_lock:
                 done, self._done = self._done, []
             if done:
-                client.insert_arrow(
+                insert_arrow(
+                    client,
+                    self.location.engine,
                     f"{self.db}.ingest_pending",
                     pa.Table.from_pylist([done_row(commit) for commit in done], schema=PENDING_SCHEMA),
                 )

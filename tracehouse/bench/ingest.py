@@ -15,6 +15,7 @@ import numpy as np
 
 from ingest.commitpolicy import CommitPolicy
 from ingest.validate import ValidatedBatch, validate_batch
+from store.arrowinsert import insert_arrow
 from store.store import Store
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.bench.common import _each, _stamp, _timed
@@ -111,7 +112,7 @@ def _run(
             write(request, timeout=120)
 
         def insert(batch: ValidatedBatch) -> None:
-            direct.insert_arrow(f"{store.db}.samples", batch.samples)
+            insert_arrow(direct, store.location.engine, f"{store.db}.samples", batch.samples)
 
         # alternate which goes first, so that merges started by one do not tax only the other
         runs: list[tuple[str, Callable[[], None]]] = [
