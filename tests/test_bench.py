@@ -33,9 +33,9 @@ def test_bench_import_runs_and_stores_every_event() -> None:
     after = result["server_cpu_after_import_s"]
     assert after > 0 and 0 < result["server_idle_after_import_s"] < 120
     assert result["cpu_us_per_event_until_idle"] == pytest.approx((both + after) * 1e6 / result["events"], rel=0.02)
-    # the floor: the engine alone stores as many events, in inserts of the import's batch size
+    # the floor: the engine alone stores the very events imported, in the inserts of the import
     floor = result["engine_floor"]
-    assert floor["stored"] == floor["events"] == result["events"] and floor["batch_rows"] == 65_536
+    assert floor["stored"] == floor["events"] == result["events"] and 0 < floor["batch_rows"] <= 65_536
     assert floor["store_cpu_us_per_event"] > 0 and floor["events_per_s_on_all_cores"] > 0
 
 

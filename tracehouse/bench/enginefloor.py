@@ -1,11 +1,13 @@
 """What storing events costs the engine alone, as `bench import` reports it beside an import: the
 floor under any importer on this machine.
 
-A process of its own opens a fresh embedded store (its schema, codecs and sort order, as `serve`
-makes it), inserts events that the engine itself generates (no file, no Python per row, no wire)
-in inserts of an import's batch size, then waits until the engine has merged the parts. Its CPU
-seconds (all threads) per event is the floor; the machine's cores over it are the most events a
-second that storing alone allows, before a byte of any file is read."""
+Once the import is done and its server stopped, a process of its own reads the events the import
+stored back out of its store, each batch as it was sent (its rows in their order) into a file in the
+engine's own Native format (not counted), opens a fresh embedded store (its schema, codecs and sort
+order, as `serve` makes it) and stores those files, one insert each, then waits until the engine has
+merged the parts. No byte of the trace is read, no Python touches a row, nothing crosses a wire: the
+very rows of the import, in its inserts. Its CPU seconds (all threads) per event is the floor; the
+machine's cores over it are the most events a second that storing alone allows."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from agent.runs.children import with_parent
@@ -23,56 +26,67 @@ from tracehouse.bench.common import _child_environment
 MAX_MERGE_S = 120.0
 QUIET_S = 5.0  # no merge and the same parts for this long: the engine is done
 
-# Events as an import makes them: a few kinds, hundreds of names, launches as an extra on a fifth.
-_EVENTS = """
-INSERT INTO {db}.events
-    (run_id, host, kind, start, end, gpu, stream, pid, tid, name, correlation_id, bytes, depth, extras, id,
-     launch_start)
-SELECT 'floor', 'floor', ['kernel', 'cuda_api', 'memcpy', 'nvtx', 'os_runtime'][number % 5 + 1],
-    toDateTime64(1.7e9, 9, 'UTC') + toIntervalNanosecond(number * 1000),
-    toDateTime64(1.7e9, 9, 'UTC') + toIntervalNanosecond(number * 1000 + 700),
-    toInt16(number % 8), toInt32(7), toUInt32(1234), toUInt64(5678), concat('kernel_', toString(number % 300)),
-    number, 0, toUInt16(number % 3),
-    if(number % 5 = 0, map('launch', concat('grid ', toString(number % 40), 'x1x1')), map()), number,
-    if(number % 5 = 0, toDateTime64(1.7e9, 9, 'UTC') + toIntervalNanosecond(number * 1000 - 500), NULL)
-FROM numbers({offset}, {rows})
+# The import's events, a Native file per batch: the batch is the event id's high bits (ingest/validate.py).
+_DUMP = """
+INSERT INTO FUNCTION file('{folder}/batch-{{_partition_id}}.native', 'Native')
+PARTITION BY bitShiftRight(id, {row_bits})
+SELECT * FROM {db}.events WHERE kind NOT IN ('process', 'thread') ORDER BY id
+SETTINGS max_partitions_per_insert_block = 0, max_threads = 1
 """
+_STORE = "INSERT INTO {db}.events SELECT * FROM file('{path}', 'Native')"
 
 
-def engine_floor(events: int, batch_rows: int, counted: int = 0) -> dict[str, Any]:
-    """Store `events` generated events in inserts of `batch_rows`, in a child process: the engine's
-    CPU seconds per event, merges included, and at that cost the events a second that all cores allow,
-    counted as the import counts them (`counted` for `events` stored: a trace's events in the file)."""
+def engine_floor(import_folder: str, counted: int = 0) -> dict[str, Any]:
+    """Store the events an import stored in the embedded store in `import_folder` (closed) again, as
+    described above, in a child process: the engine's CPU seconds per event, merges included, and at
+    that cost the events a second that all cores allow, counted as the import counts them (`counted`
+    for the events stored: a trace's events in the file)."""
     with tempfile.TemporaryDirectory(prefix="tracehouse-floor-") as folder:
         done = subprocess.run(
-            with_parent([sys.executable, "-m", "tracehouse.bench.enginefloor", folder, str(events), str(batch_rows)]),
+            with_parent([sys.executable, "-m", "tracehouse.bench.enginefloor", import_folder, folder]),
             env=_child_environment(folder), capture_output=True, text=True, check=True,
         )  # fmt: skip
     measured: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    per_event_us = measured["cpu_s"] * 1e6 / events
+    events = measured["stored"]
     return {
         "events": events,
-        "batch_rows": batch_rows,
+        "inserts": measured["inserts"],
+        "batch_rows": measured["batch_rows"],
         "stored": measured["stored"],
-        "store_cpu_us_per_event": round(per_event_us, 2),
+        "store_cpu_us_per_event": round(measured["cpu_s"] * 1e6 / max(events, 1), 2),
         "merge_cpu_s": round(measured["merge_cpu_s"], 2),
         "events_per_s_on_all_cores": round((os.cpu_count() or 1) * (counted or events) / measured["cpu_s"]),
     }
 
 
-def _measure(folder: str, events: int, batch_rows: int) -> dict[str, Any]:
+def _measure(import_folder: str, folder: str) -> dict[str, Any]:
+    from ingest.validate import EVENT_ID_ROW_BITS
     from store.store import Store
     from tracehouse.model import DEFAULT_LIMITS
 
+    batches = Path(folder) / "batches"
+    batches.mkdir()
+    with Store.open(f"chdb://{import_folder}/store", DEFAULT_LIMITS) as imported:
+        imported.execute(_DUMP.format(folder=batches, row_bits=EVENT_ID_ROW_BITS, db=imported.db))
+    files = sorted(batches.iterdir())
     with Store.open(f"chdb://{folder}/store", DEFAULT_LIMITS) as store:
+        counts = [
+            store.query(f"SELECT count() AS n FROM file('{path}', 'Native')").column("n")[0].as_py() for path in files
+        ]
         started = time.process_time()
-        for offset in range(0, events, batch_rows):
-            store.execute(_EVENTS.format(db=store.db, offset=offset, rows=min(batch_rows, events - offset)))
+        for path in files:
+            store.execute(_STORE.format(db=store.db, path=path))
         inserted = time.process_time()
         _until_merged(store)
         merged = time.process_time()
         stored = store.query(f"SELECT count() AS stored FROM {store.db}.events").column("stored")[0].as_py()
-    return {"cpu_s": merged - started, "merge_cpu_s": merged - inserted, "stored": stored}
+    return {
+        "cpu_s": merged - started,
+        "merge_cpu_s": merged - inserted,
+        "stored": stored,
+        "inserts": len(files),
+        "batch_rows": max(counts, default=0),
+    }
 
 
 def _until_merged(store: Any) -> None:
@@ -94,5 +108,4 @@ def _until_merged(store: Any) -> None:
 
 
 if __name__ == "__main__":
-    folder, events, batch_rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(_measure(folder, events, batch_rows)))
+    print(json.dumps(_measure(sys.argv[1], sys.argv[2])))

@@ -4,13 +4,14 @@ practical floor: what no importer avoids on this machine, measured in the same r
 
 The practical floor, in CPU µs per event (all threads, the importer's and the server's processes), is
 the sum of
-- storing: the engine alone storing as many events in inserts of the import's batch size, merges
-  included until they are done (tracehouse/bench/enginefloor.py), and
+- storing: the engine alone storing the very events the import stored, batch by batch as they were
+  sent, read back from Native files (no wire, no Python per row), merges included until they are done
+  (tracehouse/bench/enginefloor.py), and
 - reading: for an Nsight export, opening it as the importer does (the file's checks, the integrity
   check, the column rules, StringIds, the API-call link) and reading every row of its sources through
-  SQLite/ADBC with the importer's SQL, unmapped; for a Kineto trace, decompressing it once and parsing
-  it whole with the importer's parser (msgspec into its Event structs), unmapped
-  (tracehouse/bench/readfloor.py).
+  SQLite/ADBC with the importer's SQL, unmapped; for a Kineto trace, the file's checks as the importer
+  makes them (hash, gzip, UTF-8, the JSON guard) and the text parsed whole with the importer's parser
+  (msgspec into its Event structs), unmapped (tracehouse/bench/readfloor.py).
 For a Kineto trace both are per event of the file, as its rate is counted.
 
 The import's CPU against it (`floor_ratio`, the goal ≤ GOAL_FLOOR_RATIO) is the importer's and the
@@ -57,7 +58,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
     """`tracehouse import` of a synthetic export of `events` events into a `tracehouse serve`,
     each its own process as in production, against a plain sqlite3 scan of the same tables
     in this process. The importer's peak memory comes from the kernel's accounting of it."""
-    from agent.traces.nsys import CHUNK_ROWS, Export
+    from agent.traces.nsys import Export
     from agent.traces.nsys_synthetic import Spec, write_export
 
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
@@ -73,6 +74,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         scan_seconds = time.perf_counter() - started
         reading = read_floor(path, "nsys")
         result, stored, peak_rss = _import_in_processes(path, folder)
+        engine = engine_floor(folder)
     import_seconds = result["seconds"]
     imported = sum(result["events"].values())
     scan_rate = scanned / scan_seconds
@@ -87,7 +89,7 @@ def bench_import(events: int, path: Path | None) -> dict[str, Any]:
         "sqlite3_scan_rows": scanned,
         "sqlite3_scan_rows_per_s": round(scan_rate),
         "ratio": round(import_rate / scan_rate, 3),
-        **_against_floor(result, imported, engine_floor(imported, CHUNK_ROWS), reading),
+        **_against_floor(result, imported, engine, reading),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
         "goal": {
             "ratio": GOAL_IMPORT_RATIO,
@@ -216,7 +218,6 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
     included; it holds the whole trace in memory, as the importer does not)."""
     import gzip
 
-    from agent.traces.kineto_events import CHUNK_ROWS
     from agent.traces.kineto_synthetic import KinetoSpec, events_per_step, write_trace
     from agent.traces.tracefile import GZIP_MAGIC
 
@@ -235,6 +236,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
         del trace
         reading = read_floor(path, "kineto")
         result, stored, peak_rss = _import_in_processes(path, folder)
+        engine = engine_floor(folder, counted=in_file)
     imported = sum(result["events"].values())
     import_rate = in_file / result["seconds"]
     load_rate = in_file / load_seconds
@@ -250,7 +252,7 @@ def bench_import_kineto(events: int, path: Path | None) -> dict[str, Any]:
         "json_load_seconds": round(load_seconds, 2),
         "json_load_events_per_s": round(load_rate),
         "ratio": round(import_rate / load_rate, 3),
-        **_against_floor(result, in_file, engine_floor(imported, CHUNK_ROWS, counted=in_file), reading),
+        **_against_floor(result, in_file, engine, reading),
         "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
         "goal": {
             "ratio": GOAL_KINETO_RATIO,

@@ -5,9 +5,11 @@ the practical floor (tracehouse/bench/imports.py): the part of an import that no
   integrity check, every column's rules, StringIds, the copy of the API calls that GPU work is joined
   to) and reading every row of the event and metric sources through SQLite/ADBC with the importer's
   own SQL, in its batches, mapping nothing.
-- Kineto trace: decompressing the file once with the importer's reader (tracefile.JsonText) and
-  parsing it whole with the importer's parser (msgspec into kineto_blocks.Event structs), mapping
-  nothing: the importer's first pass (hash, UTF-8), second decompression and guard are its own costs.
+- Kineto trace: the file's checks as the importer makes them (agent/traces/kineto_scan.py: the first
+  pass, which hashes the file, proves its gzip whole and its text UTF-8 and reads the members after
+  the events; then the text through the JSON guard, which bounds nesting, numbers and strings, as any
+  reader of untrusted JSON must), and the text parsed whole with the importer's parser (msgspec into
+  kineto_blocks.Event structs), mapping nothing. As for an Nsight export, the checks are in the floor.
 
 Each runs in a process of its own; its CPU seconds (all threads), from when its modules are imported
 to the last row read, are the figure."""
@@ -24,9 +26,8 @@ import msgspec
 
 from agent.runs.children import with_parent
 from agent.traces.kineto_blocks import Event
-from agent.traces.kineto_scan import KinetoError
+from agent.traces.kineto_scan import TraceText, first_pass
 from agent.traces.nsys import Export
-from agent.traces.tracefile import JsonText
 
 KINDS = ("nsys", "kineto")
 
@@ -65,7 +66,7 @@ def _read_nsys(path: Path) -> int:
 
 
 def _read_kineto(path: Path) -> int:
-    text = JsonText(path, KinetoError, guarded=False)
+    text = TraceText(path, first_pass(path))
     try:
         whole = b"".join(iter(lambda: text.read(1 << 20), b""))
     finally:
