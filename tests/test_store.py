@@ -49,3 +49,43 @@ def test_migrations_apply_once_and_rerun_safely(tmp_path: Path) -> None:
         first.close()
     with pytest.raises(StoreUnavailable, match="newer than this tracehouse"):
         Store.open(url, DEFAULT_LIMITS)
+
+
+def test_an_embedded_insert_stores_the_rows_as_given_once_per_token(tmp_path: Path) -> None:
+    """store/arrowinsert.py: chDB reads the Arrow table in memory; the token in the statement holds,
+    whatever its characters; rows the engine refuses are refused, not half stored."""
+    import numpy as np
+    import pyarrow as pa
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    from store.arrowinsert import PYTHON_ROWS, insert_arrow
+
+    count = PYTHON_ROWS
+    codes = pa.array(np.arange(count, dtype=np.int32) % 2)
+    rows = pa.table(
+        {
+            "x": pa.array(np.arange(count, dtype=np.uint64)[::-1]),
+            "s": pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b"])),
+            "m": pa.array(
+                [[("k", str(x))] if x % 3 == 0 else [] for x in range(count)], pa.map_(pa.string(), pa.string())
+            ),
+        }
+    )
+    with Store.open(f"chdb://{tmp_path}/store", DEFAULT_LIMITS) as store:
+        store.ensure_ready()
+        store.execute(
+            "CREATE TABLE {db}.probe (x UInt64, s LowCardinality(String), m Map(String, String)) "
+            "ENGINE = MergeTree ORDER BY x SETTINGS non_replicated_deduplication_window = 100"
+        )
+        with store._client() as client:
+            for token in ("one", "one", "it's \\ two"):
+                insert_arrow(client, "chdb", f"{store.db}.probe", rows, {"insert_deduplication_token": token})
+            twice = pa.DictionaryArray.from_arrays(codes, pa.array(["a", "a"]))  # one string named twice
+            with pytest.raises(DatabaseError, match="uplicat"):
+                insert_arrow(client, "chdb", f"{store.db}.probe", rows.set_column(1, "s", twice))
+        stored = store.query(
+            "SELECT x, any(s) AS s, any(m['k']) AS k, count() AS n FROM {db}.probe GROUP BY x ORDER BY x"
+        ).to_pylist()
+    given = sorted((count - 1 - row, row) for row in range(count))  # (x, its row), as stored
+    expected = [{"x": x, "s": "ab"[row % 2], "k": str(row) if row % 3 == 0 else "", "n": 2} for x, row in given]
+    assert stored == expected
