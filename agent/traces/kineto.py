@@ -92,13 +92,13 @@ import pyarrow.compute as pc
 
 from agent.telemetry.gpu import DeviceInfo
 from agent.traces.kineto_blocks import Event, EventBlocks
+from agent.traces.kineto_chunk import Chunk
 from agent.traces.kineto_events import (
     CHUNK_ROWS,
     MAX_LANES,
     MAX_NS,
     TIMED,
     UINT32,
-    Chunk,
     EventRows,
     fit_string,
     to_ns,
@@ -327,12 +327,12 @@ class KinetoTrace:
                 at = 0
                 while at < len(block):
                     at = rows.add_all(block, at)
-                    if len(rows.current.rows) >= CHUNK_ROWS:
+                    if len(rows.current) >= CHUNK_ROWS:
                         if held is not None:
                             yield self._release(held, starts)
                         held, rows.current = rows.current, Chunk()
         for chunk in (held, rows.current):
-            if chunk is not None and chunk.rows:
+            if chunk is not None and len(chunk):
                 yield self._release(chunk, starts)
         if starts:
             self.start_ns = min(starts)
