@@ -93,13 +93,13 @@ import pyarrow.compute as pc
 from agent.telemetry.gpu import DeviceInfo
 from agent.traces.kineto_blocks import Event, EventBlocks
 from agent.traces.kineto_chunk import Chunk
+from agent.traces.kineto_columns import ColumnRows
 from agent.traces.kineto_events import (
     CHUNK_ROWS,
     MAX_LANES,
     MAX_NS,
     TIMED,
     UINT32,
-    EventRows,
     fit_string,
     to_ns,
     uint_below,
@@ -141,7 +141,7 @@ class KinetoTrace:
         self._scan = first_pass(path)
         self.digest = self._scan.digest
         self._text = TraceText(path, self._scan, marking=True)
-        self._rows = EventRows(path.name)  # what the events become
+        self._rows = ColumnRows(path.name)  # what the events become
         self._read = 0
         try:
             self.metadata = self._metadata_members()

@@ -172,21 +172,25 @@ class EventRows:
                 self._waiting.pop(correlation, None)
         return chunk.batch()
 
-    def _skip(self, reason: str) -> None:
+    def _skip(self, reason: str, count: int = 1) -> None:
         if reason not in self.skipped and len(self.skipped) >= MAX_REASONS:
             reason = "other"
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def add(self, event: Any) -> None:
         """One event (an Event, or an item that is not an object), as a row of the current chunk
         (which is not full), or counted as skipped."""
-        if not self.add_all([event], 0):
+        if not self.add_each([event], 0):
             raise ValueError("the current chunk is full")
 
     def add_all(self, events: list[Any], at: int) -> int:
-        """Events from `at` on, each as add takes it, until the current chunk is full; returns the
-        index of the first event not taken. One loop with its state in local names: per event,
-        this is what importing costs."""
+        """Events from `at` on, until the current chunk is full; returns the index of the first
+        event not taken (agent/traces/kineto_columns.py maps runs of them at once)."""
+        return self.add_each(events, at)
+
+    def add_each(self, events: list[Any], at: int) -> int:
+        """add_all, one event at a time: one loop with its state in local names. Every event the
+        column-wise mapping cannot prove plain comes here."""
         skipped, offset, chunk = self.skipped, self.offset, self.current
         extras, links = chunk.extras, chunk.links
         calls, lane_of = self._calls, self._lane
