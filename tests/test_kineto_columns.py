@@ -1,0 +1,207 @@
+"""The column-wise mapping of Kineto events (agent/traces/kineto_columns.py) against the per-event
+one (kineto_events.EventRows), which it must match row for row: random blocks of events that mix
+every type a member can have (floats near a half, Decimals, ints, strings as ids, absent values,
+items that are not objects), with small chunks so that windows meet chunk ends."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from agent.traces import kineto_columns, kineto_events
+from agent.traces.kineto_blocks import Event
+from agent.traces.kineto_chunk import Chunk
+from agent.traces.kineto_columns import ColumnRows
+from agent.traces.kineto_events import CATEGORIES, EventRows, to_ns
+from agent.traces.kineto_plan import ns_column
+
+BASE_NS = 1_790_000_000_000_000_000
+
+
+def _time(rng: random.Random) -> Any:
+    return rng.choice(
+        [
+            lambda: round(rng.uniform(0, 5e6), 3),  # the usual: µs with ns decimals
+            lambda: round(rng.uniform(0, 5e6), 3) + 0.0005,  # near a half ns
+            lambda: float(f"{rng.randrange(10**6)}.{rng.randrange(10**4):04d}5"),
+            lambda: Decimal(f"{rng.randrange(10**15)}.{rng.randrange(1000):03d}"),
+            lambda: rng.randrange(10**7),
+            lambda: rng.choice([2**60, -(2**60), 2**70, -5, -5.5, 0, 0.0, 1e17, 4.4e15, 9007199254740.993]),
+            lambda: rng.choice([None, "12", True, [1], {"a": 1}, Decimal("1e400"), Decimal("-0.0005")]),
+        ]
+    )()
+
+
+def _duration(rng: random.Random) -> Any:
+    if rng.random() < 0.7:
+        return rng.choice([round(rng.uniform(0, 500), 3), rng.randrange(50), 1.5, 0.0015, 2.0005])
+    return rng.choice([None, -1, -0.001, 3.2e10, 3.1e10, Decimal("12.3455"), "7", False, 2**64])
+
+
+def _id(rng: random.Random) -> Any:
+    if rng.random() < 0.8:
+        return rng.choice([4242, 4243, 0, 7, 1, 2])
+    return rng.choice([None, -3, -(2**31), 2**32, 2**40, 2**63, 2**70, "Stream 7", 1.0, Decimal("2"), True])
+
+
+def _args(rng: random.Random, correlations: list[int]) -> Any:
+    if rng.random() < 0.05:
+        return rng.choice([None, [1, 2], 5, "args"])
+    args: dict[str, Any] = {}
+    pool: dict[str, list[Any]] = {
+        "device": [0, 1, 0, 4095, 4096, -1, -2, None, "0", 1.0, 2**70],
+        "stream": [7, 7, 0, 2**31, -1, None, "7"],
+        "correlation": [*correlations, *correlations, 0, -4, 2**64, None, "9"],
+        "grid": [[64, 1, 1], [1, 2], [1, 2, "3"], None],
+        "block": [[256, 1, 1], [32, 4, 1], 5],
+        "registers per thread": [32, None, 1.5],
+        "shared memory": [0, 4096, "x"],
+        "est. achieved occupancy %": [50, 12.5, Decimal("33.3333333333333333"), "high", None],
+        "bytes": [1 << 20, 0, -1, 2**70, 3.0],
+        "In msg nelems": [1024, None, -1],
+        "Out msg nelems": [2048, 2**70],
+        "dtype": ["Float", "BFloat16", "Nope", 4],
+        "cuda_sync_kind": ["Event Sync", "", None],
+        "name": ["python3", "thread 7", None, 5],
+    }
+    for key, values in pool.items():
+        if rng.random() < 0.4:
+            args[key] = rng.choice(values)
+    return args
+
+
+NAMES = [
+    "aten::linear", "ProfilerStep#3", "ProfilerStep#", "Memcpy HtoD (Pageable -> Device)", "Memset (Device)",
+    "Memcpy ZtoQ (A -> B)", "cudaLaunchKernel_v7000", "cudaDeviceSynchronize", "", "x" * 300, "é" * 40000,
+    "process_name", "thread_name", None, 5, Decimal("1.5"),
+]  # fmt: skip
+PHASES = ["X"] * 12 + ["i", "I", "M", "M", "s", "f", "t", "B", None, 5, ""]
+
+
+def _event(rng: random.Random, correlations: list[int], unknown: int) -> Any:
+    if rng.random() < 0.01:
+        return rng.choice([0, 17, -2])  # an item that is not an object
+    category = rng.choice([*CATEGORIES, *CATEGORIES, "Trace", f"odd{rng.randrange(unknown)}", None, 3, "ac2g"])
+    return Event(
+        ph=rng.choice(PHASES),
+        cat=category,
+        name=rng.choice(NAMES),
+        pid=_id(rng),
+        tid=_id(rng),
+        ts=_time(rng),
+        dur=_duration(rng),
+        args=_args(rng, correlations),
+    )
+
+
+def _plain(rng: random.Random, correlations: list[int]) -> Event:
+    """An event as Kineto writes most of them."""
+    category = rng.choice(["cpu_op", "cuda_runtime", "kernel", "user_annotation", "gpu_memcpy", "python_function"])
+    gpu = category in ("kernel", "gpu_memcpy")
+    return Event(
+        ph="X",
+        cat=category,
+        name=rng.choice(NAMES[:8]),
+        pid=0 if gpu else 4242,
+        tid=7 if gpu else rng.choice([4242, 4243]),
+        ts=round(rng.uniform(0, 5e6), 3),
+        dur=rng.choice([round(rng.uniform(0, 50), 3), rng.randrange(50)]),
+        args={"device": 0, "stream": 7, "correlation": rng.choice(correlations), "bytes": 64} if gpu else {},
+    )
+
+
+def _map(rows: EventRows, blocks: list[list[Any]]) -> list[list[Any]]:
+    """The blocks as kineto.KinetoTrace._chunks takes them (a chunk held until the next is full)."""
+    batches: list[pa.RecordBatch] = []
+    held: Chunk | None = None
+    for block in blocks:
+        at = 0
+        while at < len(block):
+            at = rows.add_all(block, at)
+            if len(rows.current) >= kineto_events.CHUNK_ROWS:
+                if held is not None:
+                    batches.append(rows.release(held))
+                held, rows.current = rows.current, Chunk()
+    for chunk in (held, rows.current):
+        if chunk is not None and len(chunk):
+            batches.append(rows.release(chunk))
+    return [_readable(batch) for batch in batches]
+
+
+def _readable(batch: pa.RecordBatch) -> list[Any]:
+    columns = []
+    for name in sorted(batch.schema.names):
+        column = batch.column(name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+        columns.append((name, column.to_pylist()))
+    return columns
+
+
+def _both(blocks: list[list[Any]], offset: int) -> None:
+    each, columns = EventRows("t"), ColumnRows("t")
+    each.offset = columns.offset = offset
+    expected = _map(each, blocks)
+    assert _map(columns, blocks) == expected
+    assert columns.skipped == each.skipped
+    assert (columns.deep_rows, columns.process_names, columns.thread_names) == (
+        each.deep_rows,
+        each.process_names,
+        each.thread_names,
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_blocks_map_as_one_event_at_a_time(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    chunk_rows = rng.choice([40, 300, 2000])
+    monkeypatch.setattr(kineto_events, "CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(kineto_columns, "CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(kineto_events, "LINK_WINDOW", 2 * chunk_rows)
+    monkeypatch.setattr(kineto_columns, "LINK_WINDOW", 2 * chunk_rows)
+    correlations = list(range(1, 60))
+    mixed = rng.random() < 0.5  # plain events with odd ones among them, or odd ones throughout
+    blocks = []
+    for _ in range(rng.randrange(3, 12)):
+        size = rng.choice([1, 5, 31, 32, 33, 200, 700])
+        blocks.append(
+            [
+                _event(rng, correlations, unknown=60) if not mixed or rng.random() < 0.1 else _plain(rng, correlations)
+                for _ in range(size)
+            ]
+        )
+    _both(blocks, rng.choice([0, BASE_NS]))
+
+
+def test_a_block_of_plain_events_is_mapped_column_wise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain events never reach the per-event code; one odd event among them does, in its place."""
+    rng = random.Random(7)
+    block = [_plain(rng, list(range(1, 40))) for _ in range(400)]
+    block[200] = Event(ph="X", cat="cpu_op", name="odd", pid="Stream 7", tid=1, ts=Decimal("1.0015"), dur=1)
+    taken: list[Any] = []
+    each = EventRows.add_each
+
+    def add_each(self: EventRows, events: list[Any], at: int) -> int:
+        taken.extend(events[at:])
+        return each(self, events, at)
+
+    monkeypatch.setattr(ColumnRows, "add_each", add_each)
+    _both([block], BASE_NS)
+    assert taken == [block[200]]
+
+
+def test_times_near_a_half_are_exact() -> None:
+    """1.0015 µs is 1001.5 ns, which rounds to 1002 (half to even); 1.0015 * 1000 as a float is
+    1001.4999..., which a plain rounding makes 1001: such values go the exact way."""
+    values = [1.0015, 1.0005, 2.5, 7, None, "3", Decimal("1.0015"), True, 2**60, 123456.789]
+    ns, proved, absent = ns_column(values)
+    for value, got, ok, none in zip(values, ns.tolist(), proved.tolist(), absent.tolist(), strict=True):
+        assert none == (value is None)
+        if ok:
+            assert got == to_ns(value)
+    assert proved.tolist() == [False, False, True, True, False, False, False, False, False, True]
+    assert to_ns(1.0015) == 1002 and to_ns(1.0005) == 1000
