@@ -8,7 +8,8 @@ the top-level members written after the `traceEvents` array are read (Kineto wri
 which are guarded on their own. The second pass reads the members before `traceEvents`
 (`deviceProperties`, host names) with ijson, then the events, guarded (tracefile.JsonGuard),
 a block of whole events at a time with msgspec (agent/traces/kineto_blocks.py), and turns them
-into Arrow chunks of CHUNK_ROWS rows. What the guard refuses in the second pass (nesting, a
+into Arrow chunks of CHUNK_ROWS rows, column-wise where it can prove an event plain and one event
+at a time where not (agent/traces/kineto_columns.py). What the guard refuses in the second pass (nesting, a
 number or a string too long) is refused mid-import for a large file: the run says why and
 stays out of every answer (agent/traces/importer.py).
 

@@ -1,18 +1,18 @@
-"""Kineto events mapped to rows a window at a time, column-wise (agent/traces/kineto_events.py maps
-them one at a time, with the same result).
+"""Kineto events mapped to rows a window at a time, column-wise; agent/traces/kineto_events.py maps
+them one at a time, with the same rows, and remains the reference for what an event becomes.
 
 A window is the events of a block that surely fit in the current chunk (no more than it has room
-for). Each member is taken out of the window's events once, as a list; the kind of each event is
-a dict lookup of its phase and category; times become ns in numpy under to_ns's exactness rule (a
-float's ns value only where it is provably not near a half, an int only where its ns value is one
-that a float holds exactly); ids, names and args are checked as the per-event code checks them.
-An event that any check does not prove plain (a Decimal or a string where a number is expected,
-a time out of range, a name to cut, a metadata event, an unknown category, an item that is not
-an object...) goes to the per-event code in its place in the file; the plain events between two
-such (a run) become rows at once. Only what is sequential loops over rows, and only over the rows
-that need it: the lanes of ranges and ops (depth), and CUDA calls with the GPU work they launch
-(links). Flows are counted per run: a run holds no other reason to skip, so reasons are still
-counted in the order they appear (MAX_REASONS)."""
+for). What needs no state is worked out for the whole window by kineto_plan.Plan: each member
+taken out of the events once, as a list; kinds by a dict lookup of phase and category; times to
+ns in numpy under to_ns's exactness rule; ids, names and args checked as the per-event code checks
+them. An event that a check does not prove plain (a Decimal or a string where a number is
+expected, a time out of range, a name to cut, a metadata event, an unknown category, an item
+that is not an object...) goes to the per-event code in its place in the file; the plain events
+between two such (a run) become rows at once, as columns of the chunk. Only what is sequential
+loops, and only over the rows that need it: the lanes of ranges and ops (depth, a thread or GPU
+stream at a time), and CUDA calls with the GPU work they launch (links, in file order). Flows
+are counted per run: a run holds no other reason to skip, so reasons are still counted in the
+order they appear (MAX_REASONS)."""
 
 from __future__ import annotations
 

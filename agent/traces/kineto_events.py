@@ -1,7 +1,9 @@
 """One Kineto event at a time into rows of Arrow chunks (agent/traces/kineto.py says what each event
-becomes): the categories, the values of an event (times, ids, strings), the chunk being built, and
-EventRows, which turns events into its rows, links GPU work to the CUDA call that launched it and
-gives each row its depth in its thread's lanes."""
+becomes): the categories, the values of an event (times, ids, strings), and EventRows, which
+turns events into rows of the chunk being built (agent/traces/kineto_chunk.py), links GPU work to
+the CUDA call that launched it and gives each row its depth in its thread's lanes. The importer
+maps most events a window at a time, column-wise (agent/traces/kineto_columns.py, the same rows):
+EventRows.add_each is the reference it matches, and what it leaves to the per-event code."""
 
 from __future__ import annotations
 
