@@ -100,8 +100,26 @@ def _event(rng: random.Random, correlations: list[int], unknown: int) -> Any:
 
 def _plain(rng: random.Random, correlations: list[int]) -> Event:
     """An event as Kineto writes most of them."""
-    category = rng.choice(["cpu_op", "cuda_runtime", "kernel", "user_annotation", "gpu_memcpy", "python_function"])
-    gpu = category in ("kernel", "gpu_memcpy")
+    category = rng.choice(
+        [
+            "cpu_op", "cpu_op", "cuda_runtime", "cuda_driver", "kernel", "kernel", "user_annotation", "gpu_memcpy",
+            "gpu_memset", "python_function", "gpu_user_annotation", "cuda_sync", "cpu_instant_event",
+        ]
+    )  # fmt: skip
+    gpu = category in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync")
+    args: dict[str, Any] = {}
+    if gpu and category != "gpu_user_annotation":
+        args = {"device": rng.choice([0, 1]), "stream": 7, "correlation": rng.choice(correlations), "bytes": 64}
+    elif category.startswith("cuda_"):
+        args = {"correlation": rng.choice(correlations)}
+    if category == "kernel":
+        args |= {
+            "grid": [rng.choice([64, 128]), 1, 1], "block": [256, 1, rng.choice([1, 2])],
+            "registers per thread": rng.choice([32, 40]), "shared memory": 0,
+            "est. achieved occupancy %": rng.choice([50, 12.5, 100]),
+        }  # fmt: skip
+        if rng.random() < 0.1:
+            args |= {"In msg nelems": 1024, "Out msg nelems": 2048, "dtype": "BFloat16"}
     return Event(
         ph="X",
         cat=category,
@@ -110,7 +128,7 @@ def _plain(rng: random.Random, correlations: list[int]) -> Event:
         tid=7 if gpu else rng.choice([4242, 4243]),
         ts=round(rng.uniform(0, 5e6), 3),
         dur=rng.choice([round(rng.uniform(0, 50), 3), rng.randrange(50)]),
-        args={"device": 0, "stream": 7, "correlation": rng.choice(correlations), "bytes": 64} if gpu else {},
+        args=args,
     )
 
 
@@ -155,7 +173,7 @@ def _both(blocks: list[list[Any]], offset: int) -> None:
     )
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(24))
 def test_random_blocks_map_as_one_event_at_a_time(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)
     chunk_rows = rng.choice([40, 300, 2000])
@@ -163,14 +181,14 @@ def test_random_blocks_map_as_one_event_at_a_time(seed: int, monkeypatch: pytest
     monkeypatch.setattr(kineto_columns, "CHUNK_ROWS", chunk_rows)
     monkeypatch.setattr(kineto_events, "LINK_WINDOW", 2 * chunk_rows)
     monkeypatch.setattr(kineto_columns, "LINK_WINDOW", 2 * chunk_rows)
-    correlations = list(range(1, 60))
-    mixed = rng.random() < 0.5  # plain events with odd ones among them, or odd ones throughout
+    correlations = list(range(1, rng.choice([60, 400])))  # more than LINK_WINDOW calls: some are forgotten
+    odd = rng.choice([0.0, 0.02, 0.1, 1.0])  # the share of odd events among plain ones
     blocks = []
     for _ in range(rng.randrange(3, 12)):
         size = rng.choice([1, 5, 31, 32, 33, 200, 700])
         blocks.append(
             [
-                _event(rng, correlations, unknown=60) if not mixed or rng.random() < 0.1 else _plain(rng, correlations)
+                _event(rng, correlations, unknown=60) if rng.random() < odd else _plain(rng, correlations)
                 for _ in range(size)
             ]
         )
@@ -205,3 +223,20 @@ def test_times_near_a_half_are_exact() -> None:
             assert got == to_ns(value)
     assert proved.tolist() == [False, False, True, True, False, False, False, False, False, True]
     assert to_ns(1.0015) == 1002 and to_ns(1.0005) == 1000
+
+
+def test_gpu_work_on_no_device_or_stream_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device past the last GPU is skipped (counted), one that is not a number or absent is filed
+    under the event's pid, a stream past int32 is none: in their place among plain events."""
+    rng = random.Random(3)
+    block = [_plain(rng, list(range(1, 40))) for _ in range(300)]
+    odd = [
+        {"device": 4096}, {"device": -1}, {"device": -5}, {"device": "0"}, {"device": None}, {}, {"device": 1.0},
+        {"device": 0, "stream": 1 << 31}, {"device": 0, "stream": -1}, {"device": 3, "stream": None}, {"device": 2**64},
+    ]  # fmt: skip
+    for at, args in zip(range(5, 300, 25), odd, strict=False):
+        block[at] = Event(ph="X", cat="kernel", name="k", pid=2, tid=9, ts=10.5 + at, dur=1, args=args)
+    _both([block], 0)
+    each = EventRows("t")
+    each.add_all(block, 0)
+    assert each.skipped == {"device out of range": 4}
