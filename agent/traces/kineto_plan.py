@@ -252,7 +252,10 @@ class Plan:
         ):
             return [launch(a) for a in args]
         cached = self.rows._launches
-        keys = [(*g, *b, r, m) for g, b, r, m in zip(grids, blocks, registers, shared, strict=True)]
+        keys = [
+            (g[0], g[1], g[2], b[0], b[1], b[2], r, m)
+            for g, b, r, m in zip(grids, blocks, registers, shared, strict=True)
+        ]
         return [cached.get(key) or launch(a) for key, a in zip(keys, args, strict=True)]
 
     def _copies(self, at: np.ndarray, args: list[dict[str, Any]]) -> None:
