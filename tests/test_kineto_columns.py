@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import random
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from agent.traces import kineto_columns, kineto_events
+from agent.traces.kineto import KinetoTrace
 from agent.traces.kineto_blocks import Event
 from agent.traces.kineto_chunk import Chunk
 from agent.traces.kineto_columns import ColumnRows
 from agent.traces.kineto_events import CATEGORIES, EventRows, to_ns
 from agent.traces.kineto_plan import ns_column
+from tests.conftest import FIXTURES
 
 BASE_NS = 1_790_000_000_000_000_000
+KINETO = FIXTURES / "kineto"
+REAL = sorted(KINETO.glob("*.json.gz")) if KINETO.is_dir() else []
 
 
 def _time(rng: random.Random) -> Any:
@@ -212,17 +217,20 @@ def test_a_block_of_plain_events_is_mapped_column_wise(monkeypatch: pytest.Monke
     assert taken == [block[200]]
 
 
-def test_times_near_a_half_are_exact() -> None:
+def test_times_are_exact_whatever_their_type() -> None:
     """1.0015 µs is 1001.5 ns, which rounds to 1002 (half to even); 1.0015 * 1000 as a float is
-    1001.4999..., which a plain rounding makes 1001: such values go the exact way."""
-    values = [1.0015, 1.0005, 2.5, 7, None, "3", Decimal("1.0015"), True, 2**60, 123456.789]
-    ns, proved, absent = ns_column(values)
-    for value, got, ok, none in zip(values, ns.tolist(), proved.tolist(), absent.tolist(), strict=True):
-        assert none == (value is None)
-        if ok:
-            assert got == to_ns(value)
-    assert proved.tolist() == [False, False, True, True, False, False, False, False, False, True]
+    1001.4999..., which numpy's rounding makes 1001: such values are taken by to_ns, as are
+    Decimals and ints beyond int64's ns. Blocks of one type and of mixed types alike."""
+    mixed = [1.0015, 1.0005, 2.5, 7, None, "3", Decimal("1.0015"), True, 2**60, 123456.789, 2**64, -3, 1.5e9]
+    for values in (mixed, [1.0015, 2.5, None, 0.0005], [7, None, 2**53 + 1, -5, 9 * 10**15], [2**70, 5]):
+        ns, proved, absent = ns_column(values, -(10**18), 10**19)
+        for value, got, ok, none in zip(values, ns.tolist(), proved.tolist(), absent.tolist(), strict=True):
+            exact = to_ns(value)
+            assert none == (value is None)
+            assert ok == (exact is not None and -(10**18) <= exact <= 10**19), value
+            assert got == (exact if ok else 0), value
     assert to_ns(1.0015) == 1002 and to_ns(1.0005) == 1000
+    assert ns_column([1.0015, 4.0], 0, 1001)[1].tolist() == [False, False]  # out of [low, high]
 
 
 def test_gpu_work_on_no_device_or_stream_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,3 +248,13 @@ def test_gpu_work_on_no_device_or_stream_of_ours(monkeypatch: pytest.MonkeyPatch
     each = EventRows("t")
     each.add_all(block, 0)
     assert each.skipped == {"device out of range": 4}
+
+
+@pytest.mark.skipif(not REAL, reason=f"no real traces in {KINETO}")
+@pytest.mark.parametrize("path", REAL, ids=lambda path: path.name[:40])
+def test_real_traces_map_as_one_event_at_a_time(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto_events, "CHUNK_ROWS", 5000)  # several chunks, windows cut by their ends
+    monkeypatch.setattr(kineto_columns, "CHUNK_ROWS", 5000)
+    with KinetoTrace(path) as trace:
+        blocks = [trace._primed, *trace._events]
+        _both(blocks, trace._rows.offset)

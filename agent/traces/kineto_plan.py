@@ -29,6 +29,7 @@ from agent.traces.kineto_events import (
     fit_string,
     message_bytes,
     number_text,
+    to_ns,
 )
 from tracehouse.model import NO_GPU, NO_STREAM
 
@@ -46,34 +47,51 @@ LANE_FAMILIES = {
     NVTX_CODE: "range",
     GPU_ANNOTATION_CODE: "gpu",
 }  # by code: lanes are kept per family
-_PLAIN_NUMBERS = frozenset({float, int, type(None)})
+NONE = type(None)
+_FLOATS = frozenset({float, NONE})
+_INTS = frozenset({int, NONE})
 _FLOAT_EXACT = float(1 << 52)
-_INT_EXACT = 1 << 53
+_INT_NS = (1 << 63) // 1000 - 1  # the largest int of µs whose ns are an int64
 _ABSENT = object()
 _NUMBER_TYPES = (int, Decimal, float)
 Extras = dict[str, list[tuple[np.ndarray, list[str]]]]
 
 
-def ns_column(values: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """µs values to ns as to_ns makes them, where that is proved without Decimal: (ns, proved,
-    absent); ns is 0 where not proved, absent says None."""
-    floats = None
-    if set(map(type, values)) <= _PLAIN_NUMBERS:
-        with contextlib.suppress(OverflowError):  # an int beyond floats: checked one by one
-            floats = np.array(values, np.float64)  # None is nan: a JSON number never is
-    if floats is None:
-        floats = np.array(
-            [v if type(v) is float or (type(v) is int and -_INT_EXACT < v < _INT_EXACT) else math.nan for v in values],
-            np.float64,
-        )
-        absent = np.array([v is None for v in values], bool)
-    else:
+def ns_column(values: list[Any], low: int, high: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """µs values to ns in [low, high], each as to_ns makes it: (ns, proved, absent); ns is 0 where
+    not proved, absent says None. Floats and ints are converted in numpy where that is provably
+    exact (a float's ns value not near a half; an int's in int64), any other value by to_ns."""
+    types = set(map(type, values))
+    absent = None
+    if types <= _FLOATS:
+        floats = np.array(values, np.float64)  # None is nan: a JSON number never is
         absent = np.isnan(floats)
+        ns, proved = _float_ns(floats)
+    elif types <= _INTS:
+        with contextlib.suppress(OverflowError):  # an int beyond int64: to_ns takes it
+            ints = np.array(values if NONE not in types else [0 if v is None else v for v in values], np.int64)
+            absent = np.array([v is None for v in values], bool) if NONE in types else np.zeros(len(values), bool)
+            proved = ~absent & (ints >= -_INT_NS) & (ints <= _INT_NS)
+            ns = np.where(proved, ints, 0) * 1000
+    if absent is None:
+        ns, proved = _float_ns(np.array([v if type(v) is float else math.nan for v in values], np.float64))
+        absent = np.array([v is None for v in values], bool)
+    for at in np.flatnonzero(~(proved | absent)).tolist():  # Decimals, floats near a half, large ints
+        exact = to_ns(values[at])
+        if exact is not None and low <= exact <= high:
+            ns[at], proved[at] = exact, True
+    proved &= (ns >= low) & (ns <= high)
+    ns[~proved] = 0
+    return ns, proved, absent
+
+
+def _float_ns(floats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """to_ns's float case: the nearest ns where the float is provably not near a half."""
     ns = floats * 1000.0
     nearest = np.rint(ns)
     size = np.abs(ns)
     proved = (size < _FLOAT_EXACT) & (np.abs(ns - nearest) + size * 2.0**-50 < 0.5)
-    return np.where(proved, nearest, 0.0).astype(np.int64), proved, absent
+    return np.where(proved, nearest, 0.0).astype(np.int64), proved
 
 
 def id_column(values: list[Any], end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,19 +127,14 @@ class Plan:
         self.window = window
         codes = np.fromiter(map(CODES.__getitem__, kinds), np.int8, count)
         self.flows = codes == 1
-        start, start_proved, _ = ns_column([e.ts for e in window])
-        length, length_proved, no_length = ns_column([e.dur for e in window])
-        start += rows.offset
+        offset = rows.offset  # 0..MAX_NS: a start in range is in int64, and so is its end
+        start, start_proved, _ = ns_column([e.ts for e in window], -offset, MAX_NS - offset)
+        length, length_proved, no_length = ns_column([e.dur for e in window], 0, MAX_EVENT_NS)
+        start += offset
         marks = codes == MARK
         length[no_length | marks] = 0
         end = start + length
-        good = (
-            (codes >= MARK)
-            & start_proved
-            & (marks | no_length | (length_proved & (length >= 0) & (length <= MAX_EVENT_NS)))
-            & (start >= 0)
-            & (end <= MAX_NS)
-        )
+        good = (codes >= MARK) & start_proved & (marks | no_length | length_proved) & (end <= MAX_NS)
         names = [e.name for e in window]
         if set(map(type, names)) != {str} or max(map(len, names)) * 4 > MAX_STRING:
             good &= np.array([type(name) is str and len(name) * 4 <= MAX_STRING for name in names], bool)
