@@ -4,10 +4,11 @@ them one at a time, with the same rows, and remains the reference for what an ev
 A window is the events of a block that surely fit in the current chunk (no more than it has room
 for). What needs no state is worked out for the whole window by kineto_plan.Plan: each member
 taken out of the events once, as a list; kinds by a dict lookup of phase and category; times to
-ns in numpy under to_ns's exactness rule; ids, names and args checked as the per-event code checks
-them. An event that a check does not prove plain (a Decimal or a string where a number is
-expected, a time out of range, a name to cut, a metadata event, an unknown category, an item
-that is not an object...) goes to the per-event code in its place in the file; the plain events
+ns exactly as to_ns makes them (in numpy where that is provably exact, by to_ns where not: a float
+near a half, a Decimal); ids, names and args checked as the per-event code checks them. An event
+that a check does not prove plain (a string where a number is expected, a time out of range, a
+name to cut, a metadata event, an unknown category, an item that is not an object...) goes to
+the per-event code in its place in the file; the plain events
 between two such (a run) become rows at once, as columns of the chunk. Only what is sequential
 loops, and only over the rows that need it: the lanes of ranges and ops (depth, a thread or GPU
 stream at a time), and CUDA calls with the GPU work they launch (links, in file order). Flows
