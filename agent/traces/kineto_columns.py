@@ -140,9 +140,12 @@ class ColumnRows(EventRows):
         return found
 
     def _link(self, correlations: list[int], calls: list[Any], rows: np.ndarray) -> None:
-        """CUDA calls remembered (_call), and GPU work linked to its call or waiting for it, in file order."""
+        """CUDA calls remembered (_call), and GPU work linked to its call or waiting for it, in file
+        order. GPU work of the run waits in `pending` (rows by correlation id), and only what is
+        still waiting at the run's end in EventRows' _waiting."""
         known, waiting, chunk = self._calls, self._waiting, self.current
         links = chunk.links
+        pending: dict[int, Any] = {}  # an int, or a list of them
         for correlation, call, row in zip(correlations, calls, rows.tolist(), strict=True):
             if call is not None:
                 known[correlation] = call
@@ -151,10 +154,24 @@ class ColumnRows(EventRows):
                 if waiting:
                     for waiting_chunk, waiting_row in waiting.pop(correlation, ()):
                         waiting_chunk.links[waiting_row] = call
+                if pending:
+                    found = pending.pop(correlation, None)
+                    if type(found) is int:
+                        links[found] = call
+                    elif found is not None:
+                        links.update(dict.fromkeys(found, call))
             else:
                 found = known.get(correlation)
                 if found is not None:
                     links[row] = found
+                elif (already := pending.get(correlation)) is None:
+                    pending[correlation] = row
+                elif type(already) is int:
+                    pending[correlation] = [already, row]
                 else:
-                    waiting.setdefault(correlation, []).append((chunk, row))
-                    chunk.waiting.append(correlation)
+                    already.append(row)
+        for correlation, found in pending.items():
+            entries = waiting.setdefault(correlation, [])
+            for row in [found] if type(found) is int else found:
+                entries.append((chunk, row))
+                chunk.waiting.append(correlation)
