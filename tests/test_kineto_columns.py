@@ -5,6 +5,7 @@ items that are not objects), with small chunks so that windows meet chunk ends."
 
 from __future__ import annotations
 
+import gc
 import random
 from decimal import Decimal
 from pathlib import Path
@@ -13,13 +14,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from agent.traces import kineto_columns, kineto_events
+from agent.traces import kineto_blocks, kineto_columns, kineto_events
 from agent.traces.kineto import KinetoTrace
 from agent.traces.kineto_blocks import Event
 from agent.traces.kineto_chunk import Chunk
 from agent.traces.kineto_columns import ColumnRows
 from agent.traces.kineto_events import CATEGORIES, EventRows, to_ns
 from agent.traces.kineto_plan import ns_column
+from agent.traces.kineto_synthetic import KinetoSpec, write_trace
 from tests.conftest import FIXTURES
 
 BASE_NS = 1_790_000_000_000_000_000
@@ -258,3 +260,33 @@ def test_real_traces_map_as_one_event_at_a_time(path: Path, monkeypatch: pytest.
     with KinetoTrace(path) as trace:
         blocks = [trace._primed, *trace._events]
         _both(blocks, trace._rows.offset)
+
+
+class _Spy:
+    """A decoder that says whether the garbage collector ran while it decoded."""
+
+    def __init__(self, decoder: Any, seen: list[bool]) -> None:
+        self._decoder, self._seen = decoder, seen
+
+    def decode(self, text: bytes) -> Any:
+        self._seen.append(gc.isenabled())
+        return self._decoder.decode(text)
+
+
+def test_blocks_are_parsed_without_collections_and_the_collector_is_left_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.pt.trace.json.gz"
+    write_trace(path, KinetoSpec(steps=200))
+    seen: list[bool] = []
+    fast, generic = kineto_blocks._DECODERS[0]
+    monkeypatch.setattr(kineto_blocks, "_DECODERS", ((_Spy(fast, seen), generic), *kineto_blocks._EXACT_DECODERS))
+    for enabled in (True, False):
+        gc.enable() if enabled else gc.disable()
+        try:
+            with KinetoTrace(path) as trace:
+                assert sum(batch.num_rows for part in trace.parts() for batch in part.chunks)
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+    assert seen and not any(seen)
