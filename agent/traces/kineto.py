@@ -8,7 +8,8 @@ the top-level members written after the `traceEvents` array are read (Kineto wri
 which are guarded on their own. The second pass reads the members before `traceEvents`
 (`deviceProperties`, host names) with ijson, then the events, guarded (tracefile.JsonGuard),
 a block of whole events at a time with msgspec (agent/traces/kineto_blocks.py), and turns them
-into Arrow chunks of CHUNK_ROWS rows. What the guard refuses in the second pass (nesting, a
+into Arrow chunks of CHUNK_ROWS rows, column-wise where it can prove an event plain and one event
+at a time where not (agent/traces/kineto_columns.py). What the guard refuses in the second pass (nesting, a
 number or a string too long) is refused mid-import for a large file: the run says why and
 stays out of every answer (agent/traces/importer.py).
 
@@ -92,14 +93,14 @@ import pyarrow.compute as pc
 
 from agent.telemetry.gpu import DeviceInfo
 from agent.traces.kineto_blocks import Event, EventBlocks
+from agent.traces.kineto_chunk import Chunk
+from agent.traces.kineto_columns import ColumnRows
 from agent.traces.kineto_events import (
     CHUNK_ROWS,
     MAX_LANES,
     MAX_NS,
     TIMED,
     UINT32,
-    Chunk,
-    EventRows,
     fit_string,
     to_ns,
     uint_below,
@@ -141,7 +142,7 @@ class KinetoTrace:
         self._scan = first_pass(path)
         self.digest = self._scan.digest
         self._text = TraceText(path, self._scan, marking=True)
-        self._rows = EventRows(path.name)  # what the events become
+        self._rows = ColumnRows(path.name)  # what the events become
         self._read = 0
         try:
             self.metadata = self._metadata_members()
@@ -327,12 +328,12 @@ class KinetoTrace:
                 at = 0
                 while at < len(block):
                     at = rows.add_all(block, at)
-                    if len(rows.current.rows) >= CHUNK_ROWS:
+                    if len(rows.current) >= CHUNK_ROWS:
                         if held is not None:
                             yield self._release(held, starts)
                         held, rows.current = rows.current, Chunk()
         for chunk in (held, rows.current):
-            if chunk is not None and chunk.rows:
+            if chunk is not None and len(chunk):
                 yield self._release(chunk, starts)
         if starts:
             self.start_ns = min(starts)

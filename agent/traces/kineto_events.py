@@ -1,22 +1,22 @@
 """One Kineto event at a time into rows of Arrow chunks (agent/traces/kineto.py says what each event
-becomes): the categories, the values of an event (times, ids, strings), the chunk being built, and
-EventRows, which turns events into its rows, links GPU work to the CUDA call that launched it and
-gives each row its depth in its thread's lanes."""
+becomes): the categories, the values of an event (times, ids, strings), and EventRows, which
+turns events into rows of the chunk being built (agent/traces/kineto_chunk.py), links GPU work to
+the CUDA call that launched it and gives each row its depth in its thread's lanes. The importer
+maps most events a window at a time, column-wise (agent/traces/kineto_columns.py, the same rows):
+EventRows.add_each is the reference it matches, and what it leaves to the per-event code."""
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from decimal import Decimal
-from operator import itemgetter
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from agent.traces.kineto_blocks import Event
+from agent.traces.kineto_chunk import Chunk
 from agent.traces.kineto_scan import KinetoError
 from agent.traces.nsys_sources import MEMCPY_KINDS, strip_api_version
 from agent.traces.tracefile import MAX_EVENT_BYTES, MAX_EVENT_NS, MAX_TIME_NS
@@ -143,64 +143,6 @@ def _label(value: Any) -> str:
 # -- rows -------------------------------------------------------------------------------------
 
 
-ROW_COLUMNS = ("kind", "start", "end", "name", "gpu", "stream", "pid", "tid", "correlation_id", "bytes", "depth")
-_NAMES_OF = {"kind": pa.string(), "name": pa.string()}
-
-
-@dataclass
-class Chunk:
-    """Rows, each a tuple in the order of ROW_COLUMNS; the CUDA call each row of GPU work was
-    launched by, once found; extras by row."""
-
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    links: dict[int, tuple[int, int, int, str]] = field(default_factory=dict)
-    extras: defaultdict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
-    waiting: list[int] = field(default_factory=list)  # correlation ids of its rows awaiting their call
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def batch(self) -> pa.RecordBatch:
-        """The rows as Arrow columns, built in numpy: integers by np.fromiter, each extra as codes into
-        its distinct strings (null where a row has none, or an empty one)."""
-        rows, count = self.rows, len(self.rows)
-        columns: dict[str, Any] = {
-            column: list(map(itemgetter(index), rows))
-            if column in _NAMES_OF
-            else np.fromiter(map(itemgetter(index), rows), np.int64, count)
-            for index, column in enumerate(ROW_COLUMNS)
-        }
-        launch_start = np.full(count, -1, np.int64)
-        if self.links:
-            linked = np.fromiter(self.links, np.intp, len(self.links))
-            calls = list(self.links.values())
-            for column, field_of_call in (("pid", 0), ("tid", 1)):
-                columns[column][linked] = np.fromiter(map(itemgetter(field_of_call), calls), np.int64, len(calls))
-            launch_start[linked] = np.fromiter(map(itemgetter(2), calls), np.int64, len(calls))
-            kind, name = columns["kind"], columns["name"]
-            for row, call in self.links.items():
-                if kind[row] == "sync":  # named by its call, as nsys names it
-                    name[row] = call[3]
-        arrays = {column: pa.array(value, _NAMES_OF.get(column, pa.int64())) for column, value in columns.items()}
-        arrays["launch_start"] = pa.array(launch_start)
-        for key, found in sorted(self.extras.items()):
-            arrays[f"x:{key}"] = _sparse_strings(found, count)
-        return pa.RecordBatch.from_pydict(arrays)
-
-
-def _sparse_strings(found: Mapping[int, str], count: int) -> pa.DictionaryArray:
-    """`count` rows of which those `found` names hold a string, as a dictionary array: null elsewhere,
-    and where the string is empty."""
-    distinct: dict[str, int] = {}
-    codes = np.full(count, -1, np.int32)
-    codes[np.fromiter(found, np.intp, len(found))] = np.fromiter(
-        (distinct.setdefault(value, len(distinct)) for value in found.values()), np.int32, len(found)
-    )
-    if "" in distinct:
-        codes[codes == distinct[""]] = -1
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(list(distinct), pa.string()))
-
-
 class EventRows:
     """Events turned into rows, one at a time: rows of the current chunk, or counted as skipped per
     reason; GPU work linked to its CUDA call (calls remembered for the last LINK_WINDOW, GPU work
@@ -232,26 +174,30 @@ class EventRows:
                 self._waiting.pop(correlation, None)
         return chunk.batch()
 
-    def _skip(self, reason: str) -> None:
+    def _skip(self, reason: str, count: int = 1) -> None:
         if reason not in self.skipped and len(self.skipped) >= MAX_REASONS:
             reason = "other"
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def add(self, event: Any) -> None:
         """One event (an Event, or an item that is not an object), as a row of the current chunk
         (which is not full), or counted as skipped."""
-        if not self.add_all([event], 0):
+        if not self.add_each([event], 0):
             raise ValueError("the current chunk is full")
 
     def add_all(self, events: list[Any], at: int) -> int:
-        """Events from `at` on, each as add takes it, until the current chunk is full; returns the
-        index of the first event not taken. One loop with its state in local names: per event,
-        this is what importing costs."""
+        """Events from `at` on, until the current chunk is full; returns the index of the first
+        event not taken (agent/traces/kineto_columns.py maps runs of them at once)."""
+        return self.add_each(events, at)
+
+    def add_each(self, events: list[Any], at: int) -> int:
+        """add_all, one event at a time: one loop with its state in local names. Every event the
+        column-wise mapping cannot prove plain comes here."""
         skipped, offset, chunk = self.skipped, self.offset, self.current
-        rows, extras, links = chunk.rows, chunk.extras, chunk.links
+        extras, links = chunk.extras, chunk.links
         calls, lane_of = self._calls, self._lane
         count = len(events)
-        while at < count and len(rows) < CHUNK_ROWS:
+        while at < count and chunk.count < CHUNK_ROWS:
             event = events[at]
             at += 1
             if type(event) is not Event:
@@ -304,7 +250,7 @@ class EventRows:
             name = event.name
             if type(name) is not str or len(name) * 4 > MAX_STRING:
                 name = fit_string(name)
-            row = len(rows)
+            row = chunk.count
             gpu, stream, pid, tid, correlation, size, depth = NO_GPU, NO_STREAM, 0, 0, 0, 0, 0
             if kind in ON_GPU:
                 if _out_of_range(args.get("device"), MAX_GPU + 1, NO_GPU):
@@ -357,7 +303,7 @@ class EventRows:
                     depth = lane_of(("range", pid, tid), start, end)
                 elif kind != "mark":
                     depth = lane_of((kind, pid, tid), start, end)
-            rows.append((kind, start, end, name, gpu, stream, pid, tid, correlation, size, depth))
+            chunk.append((kind, start, end, name, gpu, stream, pid, tid, correlation, size, depth))
             if correlation:
                 if kind == "cuda_api":
                     self._call(correlation, pid, tid, start, name)
