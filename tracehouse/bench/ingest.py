@@ -1,5 +1,7 @@
 """`tracehouse bench ingest`: sample values through the Ingest service against inserting the
-same values straight into the store, in the same process on the same data."""
+same values straight into the store as the server inserts them (store/arrowinsert.py), in the same
+process on the same data; beside them, the direct insert as the Arrow format, the baseline until
+2026-12-07."""
 
 from __future__ import annotations
 
@@ -92,18 +94,22 @@ def _run(
     direct: Any,
 ) -> dict[str, Any]:
     t0 = 1_790_000_000_000_000_000
-    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "encode": []}
-    cpu_s: dict[str, float] = {"grpc": 0.0, "direct": 0.0}  # the process's, all threads: the engine's too
+    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "arrow_format": [], "encode": []}
+    cpu_s = dict.fromkeys(("grpc", "direct", "arrow_format"), 0.0)  # the process's, all threads: the engine's too
     sent = 0
     for round_ in range(rounds):
         span = rows // (GPUS * len(METRICS)) * TICK_NS
-        start = t0 + round_ * 2 * span
+        start = t0 + round_ * 3 * span
         started = time.perf_counter()
         encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
         encode_seconds = time.perf_counter() - started
         tables: list[ValidatedBatch] = [
             validate_batch(b, DEFAULT_LIMITS, 0)
             for b in telemetry_batches(f"direct-{round_}", rows, batch_rows, start + span)
+        ]
+        as_format = [
+            validate_batch(b, DEFAULT_LIMITS, 0).samples
+            for b in telemetry_batches(f"arrow-{round_}", rows, batch_rows, start + 2 * span)
         ]
         values = sum(t.rows()["samples"] for t in tables)
         rates["encode"].append(values / encode_seconds)
@@ -114,17 +120,25 @@ def _run(
         def insert(batch: ValidatedBatch) -> None:
             insert_arrow(direct, store.location.engine, f"{store.db}.samples", batch.samples)
 
-        # alternate which goes first, so that merges started by one do not tax only the other
+        def insert_format(samples: Any) -> None:  # the baseline until 2026-12-07: the Arrow format, as a file
+            direct.insert_arrow(f"{store.db}.samples", samples)
+
+        # rotate which goes first, so that merges started by one do not tax only the next
         runs: list[tuple[str, Callable[[], None]]] = [
             ("grpc", partial(_each, concurrency, send, encoded)),
             ("direct", partial(_each, concurrency, insert, tables)),
+            ("arrow_format", partial(_each, concurrency, insert_format, as_format)),
         ]
-        for name, work in runs if round_ % 2 == 0 else runs[::-1]:
+        for name, work in runs[round_ % len(runs) :] + runs[: round_ % len(runs)]:
             cpu_before = time.process_time()
             rates[name].append(values / _timed(work))
             cpu_s[name] += time.process_time() - cpu_before
         sent += values
-    stored = store.query("SELECT count() AS n FROM {db}.samples WHERE startsWith(run_id, 'grpc-')")
+    stored = dict(
+        store.query("SELECT splitByChar('-', run_id)[1] AS path, count() AS n FROM {db}.samples GROUP BY path")
+        .to_pandas()
+        .itertuples(index=False)
+    )
     grpc_rate = statistics.median(rates["grpc"])
     direct_rate = statistics.median(rates["direct"])
     return {
@@ -142,9 +156,16 @@ def _run(
         "grpc_cpu_us_per_row": round(cpu_s["grpc"] * 1e6 / sent, 3),
         "direct_cpu_us_per_row": round(cpu_s["direct"] * 1e6 / sent, 3),
         "cpu_ratio": round(cpu_s["direct"] / cpu_s["grpc"], 3),
+        # beside it, the direct insert as the Arrow format (clickhouse-connect's insert_arrow): the baseline of
+        # the rows before 2026-12-07, which the store's own insert (store/arrowinsert.py) now beats
+        "arrow_format_rows_per_s": round(statistics.median(rates["arrow_format"])),
+        "ratio_to_arrow_format": round(grpc_rate / statistics.median(rates["arrow_format"]), 3),
+        "arrow_format_cpu_us_per_row": round(cpu_s["arrow_format"] * 1e6 / sent, 3),
         "client_encode_rows_per_s": round(statistics.median(rates["encode"])),
         "sent_rows": sent,
-        "stored_rows": int(stored.column("n")[0].as_py()),
+        "stored_rows": int(stored.get("grpc", 0)),
+        "stored_rows_direct": int(stored.get("direct", 0)),
+        "stored_rows_arrow_format": int(stored.get("arrow", 0)),
         "goal": {
             "ratio": GOAL_RATIO,
             "values_per_s": GOAL_VALUES_PER_S,
