@@ -17,6 +17,7 @@ from agent.traces.kineto_blocks import Event
 from agent.traces.kineto_chunk import KIND_CODES
 from agent.traces.kineto_events import (
     _EMPTY,
+    _FLOAT_EXACT,
     MAX_EVENT_BYTES,
     MAX_EVENT_NS,
     MAX_GPU,
@@ -34,23 +35,16 @@ from agent.traces.kineto_events import (
 from tracehouse.model import NO_GPU, NO_STREAM
 
 FLOW = "(flow)"
-# kind -> code; 0: not proved plain, 1: a flow, 2..6 on a host thread, 7.. on the GPU
-CODES: dict[Any, int] = {
-    None: 0, FLOW: 1, "mark": 2, "cpu_op": 3, "python": 4, "nvtx": 5, "cuda_api": 6,
-    "kernel": 7, "memcpy": 8, "memset": 9, "sync": 10, "gpu_annotation": 11,
-}  # fmt: skip
-MARK, NVTX, CUDA_API, GPU, KERNEL, MEMCPY, MEMSET, SYNC, GPU_ANNOTATION = 2, 5, 6, 7, 7, 8, 9, 10, 11
-NVTX_CODE, GPU_ANNOTATION_CODE = NVTX, GPU_ANNOTATION
-LANE_FAMILIES = {
-    3: "cpu_op",
-    4: "python",
-    NVTX_CODE: "range",
-    GPU_ANNOTATION_CODE: "gpu",
-}  # by code: lanes are kept per family
+# kind -> code (the chunk's, kineto_chunk.KINDS); 0: not proved plain, 1: a flow
+CODES: dict[Any, int] = {None: 0, FLOW: 1, **KIND_CODES}
+MARK, CPU_OP, NVTX, CUDA_API = (KIND_CODES[kind] for kind in ("mark", "cpu_op", "nvtx", "cuda_api"))
+KERNEL, MEMCPY, MEMSET, SYNC = (KIND_CODES[kind] for kind in ("kernel", "memcpy", "memset", "sync"))
+GPU, GPU_ANNOTATION = KERNEL, KIND_CODES["gpu_annotation"]  # codes from GPU on: work on the GPU
+# by code: lanes are kept per family
+LANE_FAMILIES = {CPU_OP: "cpu_op", KIND_CODES["python"]: "python", NVTX: "range", GPU_ANNOTATION: "gpu"}
 NONE = type(None)
 _FLOATS = frozenset({float, NONE})
 _INTS = frozenset({int, NONE})
-_FLOAT_EXACT = float(1 << 52)
 _INT_NS = (1 << 63) // 1000 - 1  # the largest int of µs whose ns are an int64
 _ABSENT = object()
 _NUMBER_TYPES = (int, Decimal, float)
@@ -160,7 +154,7 @@ class Plan:
             "start": start, "end": end, "gpu": self.gpu, "stream": self.stream, "pid": pid, "tid": tid,
             "correlation_id": self.correlation, "bytes": self.size,
         }  # fmt: skip
-        self.laned = laned = np.flatnonzero(plain & (((codes >= 3) & (codes <= NVTX)) | (codes == GPU_ANNOTATION)))
+        self.laned = laned = np.flatnonzero(plain & np.isin(codes, list(LANE_FAMILIES)))
         self.lane_families = codes[laned]
         on_gpu = self.lane_families == GPU_ANNOTATION
         self.lane_ids = (
