@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
+import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
+from store.arrowinsert import insert_arrow
 from store.group import Group
 from store.location import StoreLocation
 from store.migrations import LATEST_VERSION, MIGRATIONS, TABLES_BY_NAME
@@ -186,6 +188,12 @@ class StoreBase:
             raise StoreUnavailable(
                 f"cannot reach the store {self.location.display}: {clean_error(error)}{hint}"
             ) from error
+
+    def _insert_table(
+        self, client: Client, table: str, data: pa.Table, settings: Mapping[str, Any] | None = None
+    ) -> None:
+        """`data` into one of the store's tables, as this store's engine takes it best (store/arrowinsert.py)."""
+        insert_arrow(client, self.location.engine, f"{self.db}.{table}", data, settings)
 
     @contextlib.contextmanager
     def _client(self, failure: type[StoreError] = StoreUnavailable) -> Iterator[Client]:

@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.arrowinsert import insert_arrow
 from store.location import parse_store_url
 from store.storeerrors import StoreError
 from store.writes import GroupWrites
@@ -61,7 +60,7 @@ class Store(GroupWrites):
         """Insert a few rows of one of tracehouse's small tables (captures) as they are."""
         self.ensure_ready()
         with self._client(failure=StoreError) as client:
-            insert_arrow(client, self.location.engine, f"{self.db}.{table}", data)
+            self._insert_table(client, table, data)
 
     def user_sql(self, sql: str, max_rows: int) -> tuple[bytes, int, bool]:
         """Run a user's SQL: one query that only reads tracehouse's tables, within the limits.

@@ -13,7 +13,6 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from store.arrowinsert import insert_arrow
 from store.base import StoreBase
 from store.claim import (
     ALREADY_CLAIMED,
@@ -165,12 +164,7 @@ class GroupWrites(StoreBase):
             done, self._done = self._done, []
         rows = [*rows, *(done_row(commit) for commit in done)]
         try:
-            insert_arrow(
-                client,
-                self.location.engine,
-                f"{self.db}.ingest_pending",
-                pa.Table.from_pylist(rows, schema=PENDING_SCHEMA),
-            )
+            self._insert_table(client, "ingest_pending", pa.Table.from_pylist(rows, schema=PENDING_SCHEMA))
         except BaseException:
             with self._done_lock:
                 self._done.extend(done)
@@ -212,10 +206,9 @@ class GroupWrites(StoreBase):
         crash_point("tables")
         kept = [i for i in range(len(group.batch_ids)) if i not in refused and i not in taken]
         if kept:
-            insert_arrow(
+            self._insert_table(
                 client,
-                self.location.engine,
-                f"{self.db}.ingest_batches",
+                "ingest_batches",
                 pa.table(
                     {
                         "batch_id": [group.batch_ids[i] for i in kept],
@@ -262,10 +255,9 @@ class GroupWrites(StoreBase):
 
     def _insert(self, client: Client, table: str, data: pa.Table, token: str) -> None:
         try:
-            insert_arrow(
+            self._insert_table(
                 client,
-                self.location.engine,
-                f"{self.db}.{table}",
+                table,
                 data.combine_chunks(),  # one block for the engine, not one per batch: half the CPU
                 settings={"insert_deduplication_token": token},
             )
@@ -332,10 +324,9 @@ class GroupWrites(StoreBase):
             with self._done_lock:
                 done, self._done = self._done, []
             if done:
-                insert_arrow(
+                self._insert_table(
                     client,
-                    self.location.engine,
-                    f"{self.db}.ingest_pending",
+                    "ingest_pending",
                     pa.Table.from_pylist([done_row(commit) for commit in done], schema=PENDING_SCHEMA),
                 )
         return len(commits)
