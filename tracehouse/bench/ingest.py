@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from ingest.commitpolicy import CommitPolicy
-from ingest.validate import ValidatedBatch, validate_batch
+from ingest.validate import validate_batch
 from store.arrowinsert import insert_arrow
 from store.store import Store
 from tracehouse.batch import BatchBuilder, encode_request
@@ -84,6 +84,13 @@ def bench_ingest(
             store.close()
 
 
+def _samples(run_id: str, rows: int, batch_rows: int, t0: int) -> list[Any]:
+    """The samples of telemetry_batches as the server validates them: Arrow tables to insert directly."""
+    return [
+        validate_batch(batch, DEFAULT_LIMITS, 0).samples for batch in telemetry_batches(run_id, rows, batch_rows, t0)
+    ]
+
+
 def _run(
     rows: int,
     batch_rows: int,
@@ -103,22 +110,16 @@ def _run(
         started = time.perf_counter()
         encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
         encode_seconds = time.perf_counter() - started
-        tables: list[ValidatedBatch] = [
-            validate_batch(b, DEFAULT_LIMITS, 0)
-            for b in telemetry_batches(f"direct-{round_}", rows, batch_rows, start + span)
-        ]
-        as_format = [
-            validate_batch(b, DEFAULT_LIMITS, 0).samples
-            for b in telemetry_batches(f"arrow-{round_}", rows, batch_rows, start + 2 * span)
-        ]
-        values = sum(t.rows()["samples"] for t in tables)
+        tables = _samples(f"direct-{round_}", rows, batch_rows, start + span)
+        as_format = _samples(f"arrow-{round_}", rows, batch_rows, start + 2 * span)
+        values = sum(table.num_rows for table in tables)
         rates["encode"].append(values / encode_seconds)
 
         def send(request: bytes) -> None:
             write(request, timeout=120)
 
-        def insert(batch: ValidatedBatch) -> None:
-            insert_arrow(direct, store.location.engine, f"{store.db}.samples", batch.samples)
+        def insert(samples: Any) -> None:
+            insert_arrow(direct, store.location.engine, f"{store.db}.samples", samples)
 
         def insert_format(samples: Any) -> None:  # the baseline until 2026-12-07: the Arrow format, as a file
             direct.insert_arrow(f"{store.db}.samples", samples)
@@ -134,11 +135,12 @@ def _run(
             rates[name].append(values / _timed(work))
             cpu_s[name] += time.process_time() - cpu_before
         sent += values
-    stored = dict(
-        store.query("SELECT splitByChar('-', run_id)[1] AS path, count() AS n FROM {db}.samples GROUP BY path")
-        .to_pandas()
-        .itertuples(index=False)
-    )
+    stored = {
+        row["path"]: row["n"]
+        for row in store.query(
+            "SELECT splitByChar('-', run_id)[1] AS path, count() AS n FROM {db}.samples GROUP BY path"
+        ).to_pylist()
+    }
     grpc_rate = statistics.median(rates["grpc"])
     direct_rate = statistics.median(rates["direct"])
     return {
