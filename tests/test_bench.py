@@ -15,6 +15,13 @@ def test_bench_ingest_runs_and_loses_nothing(ack_once_stored: bool) -> None:
     result = bench_ingest(rows=50_000, batch_rows=10_000, rounds=2, store_url=None, ack_once_stored=ack_once_stored)
     assert result["sent_rows"] == result["stored_rows"] == 2 * (50_000 // 128) * 128
     assert result["stored_rows_direct"] == result["stored_rows_arrow_format"] == result["sent_rows"]
+    assert result["stored_rows_direct_rollups"] == result["sent_rows"]
+    # the same rows both ways: the gRPC path and its like-for-like baseline roll up every value, the others none
+    sums = result["rolled_up_rows"]
+    assert sums == {"grpc": result["sent_rows"], "rollups": result["sent_rows"], "direct": 0, "arrow": 0}
+    assert result["ratio_same_rows"] == pytest.approx(
+        result["grpc_rows_per_s"] / result["direct_rollups_rows_per_s"], rel=1e-2
+    )
     assert result["grpc_rows_per_s"] > 0 and result["direct_rows_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["grpc_rows_per_s"] / result["direct_rows_per_s"], rel=1e-2)
     assert result["grpc_cpu_us_per_row"] > 0 and result["direct_cpu_us_per_row"] > 0

@@ -1,7 +1,9 @@
 """`tracehouse bench ingest`: sample values through the Ingest service against inserting the
 same values straight into the store as the server inserts them (store/arrowinsert.py), in the same
-process on the same data; beside them, the direct insert as the Arrow format, the baseline until
-2026-12-07."""
+process on the same data: the samples alone (`direct`), and the rows the store keeps for them, the
+samples and their rollups (`direct_rollups`: what a direct insert stored until 2026-12-02, when
+materialized views made the rollups of every insert). Beside them, the samples as the Arrow format,
+the baseline until 2026-12-07."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import numpy as np
 from ingest.commitpolicy import CommitPolicy
 from ingest.validate import validate_batch
 from store.arrowinsert import insert_arrow
+from store.rollup import rollups
 from store.store import Store
 from tracehouse.batch import BatchBuilder, encode_request
 from tracehouse.bench.common import _each, _stamp, _timed
 from tracehouse.channel import encoded_write
 from tracehouse.cli.serve import create_server
-from tracehouse.model import DEFAULT_LIMITS
+from tracehouse.model import DEFAULT_LIMITS, ROLLUP_SECONDS
 from tracehouse.v1 import batch_pb2, ingest_pb2
 
 GPUS = 8
@@ -37,6 +40,7 @@ METRICS = tuple(
 TICK_NS = 100_000_000  # 10 Hz
 GOAL_RATIO = 0.9
 GOAL_VALUES_PER_S = 2_000_000
+FINEST_ROLLUP = min(ROLLUP_SECONDS, key=ROLLUP_SECONDS.__getitem__)
 
 
 def telemetry_batches(run_id: str, rows: int, batch_rows: int, t0: int) -> list[batch_pb2.Batch]:
@@ -84,6 +88,11 @@ def bench_ingest(
             store.close()
 
 
+def _stored_per_path(store: Store, sql: str) -> dict[str, int]:
+    """`sql`'s count per path (the first word of the run ids each path writes under)."""
+    return {row["path"]: int(row["n"]) for row in store.query(sql + " GROUP BY path").to_pylist()}
+
+
 def _samples(run_id: str, rows: int, batch_rows: int, t0: int) -> list[Any]:
     """The samples of telemetry_batches as the server validates them: Arrow tables to insert directly."""
     return [
@@ -101,17 +110,19 @@ def _run(
     direct: Any,
 ) -> dict[str, Any]:
     t0 = 1_790_000_000_000_000_000
-    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "arrow_format": [], "encode": []}
-    cpu_s = dict.fromkeys(("grpc", "direct", "arrow_format"), 0.0)  # the process's, all threads: the engine's too
+    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "direct_rollups": [], "arrow_format": [], "encode": []}
+    # the process's CPU, all threads: the engine's too
+    cpu_s = dict.fromkeys(("grpc", "direct", "direct_rollups", "arrow_format"), 0.0)
     sent = 0
     for round_ in range(rounds):
         span = rows // (GPUS * len(METRICS)) * TICK_NS
-        start = t0 + round_ * 3 * span
+        start = t0 + round_ * 4 * span
         started = time.perf_counter()
         encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
         encode_seconds = time.perf_counter() - started
         tables = _samples(f"direct-{round_}", rows, batch_rows, start + span)
         as_format = _samples(f"arrow-{round_}", rows, batch_rows, start + 2 * span)
+        with_rollups = _samples(f"rollups-{round_}", rows, batch_rows, start + 3 * span)
         values = sum(table.num_rows for table in tables)
         rates["encode"].append(values / encode_seconds)
 
@@ -121,6 +132,11 @@ def _run(
         def insert(samples: Any) -> None:
             insert_arrow(direct, store.location.engine, f"{store.db}.samples", samples)
 
+        def insert_with_rollups(samples: Any) -> None:  # the rollups as the server makes them (store/rollup.py)
+            insert(samples)
+            for rollup, made in rollups(samples).items():
+                insert_arrow(direct, store.location.engine, f"{store.db}.{rollup}", made)
+
         def insert_format(samples: Any) -> None:  # the baseline until 2026-12-07: the Arrow format, as a file
             direct.insert_arrow(f"{store.db}.samples", samples)
 
@@ -128,6 +144,7 @@ def _run(
         runs: list[tuple[str, Callable[[], None]]] = [
             ("grpc", partial(_each, concurrency, send, encoded)),
             ("direct", partial(_each, concurrency, insert, tables)),
+            ("direct_rollups", partial(_each, concurrency, insert_with_rollups, with_rollups)),
             ("arrow_format", partial(_each, concurrency, insert_format, as_format)),
         ]
         for name, work in runs[round_ % len(runs) :] + runs[: round_ % len(runs)]:
@@ -135,14 +152,14 @@ def _run(
             rates[name].append(values / _timed(work))
             cpu_s[name] += time.process_time() - cpu_before
         sent += values
-    stored = {
-        row["path"]: row["n"]
-        for row in store.query(
-            "SELECT splitByChar('-', run_id)[1] AS path, count() AS n FROM {db}.samples GROUP BY path"
-        ).to_pylist()
-    }
-    grpc_rate = statistics.median(rates["grpc"])
-    direct_rate = statistics.median(rates["direct"])
+    stored = _stored_per_path(store, "SELECT splitByChar('-', run_id)[1] AS path, count() AS n FROM {db}.samples")
+    # the values the finest rollup sums up, per path: every value of the paths that make rollups, none of the others'
+    rolled_up = _stored_per_path(
+        store, f"SELECT splitByChar('-', run_id)[1] AS path, sum(count) AS n FROM {{db}}.{FINEST_ROLLUP}"
+    )
+    grpc_rate, direct_rate, same_rows_rate = (
+        statistics.median(rates[name]) for name in ("grpc", "direct", "direct_rollups")
+    )
     return {
         **_stamp("ingest", "chdb", "grpcio"),
         "rows_per_round": rows,
@@ -158,7 +175,13 @@ def _run(
         "grpc_cpu_us_per_row": round(cpu_s["grpc"] * 1e6 / sent, 3),
         "direct_cpu_us_per_row": round(cpu_s["direct"] * 1e6 / sent, 3),
         "cpu_ratio": round(cpu_s["direct"] / cpu_s["grpc"], 3),
-        # beside it, the direct insert as the Arrow format (clickhouse-connect's insert_arrow): the baseline of
+        # the same rows stored both ways: the samples and their rollups, which the gRPC path makes and `direct`
+        # leaves out (until 2026-12-02 materialized views made them of any insert, the direct one's too)
+        "direct_rollups_rows_per_s": round(same_rows_rate),
+        "ratio_same_rows": round(grpc_rate / same_rows_rate, 3),
+        "direct_rollups_cpu_us_per_row": round(cpu_s["direct_rollups"] * 1e6 / sent, 3),
+        "cpu_ratio_same_rows": round(cpu_s["direct_rollups"] / cpu_s["grpc"], 3),
+        # beside them, the direct insert as the Arrow format (clickhouse-connect's insert_arrow): the baseline of
         # the rows before 2026-12-07, which the store's own insert (store/arrowinsert.py) now beats
         "arrow_format_rows_per_s": round(statistics.median(rates["arrow_format"])),
         "ratio_to_arrow_format": round(grpc_rate / statistics.median(rates["arrow_format"]), 3),
@@ -168,9 +191,12 @@ def _run(
         "stored_rows": int(stored.get("grpc", 0)),
         "stored_rows_direct": int(stored.get("direct", 0)),
         "stored_rows_arrow_format": int(stored.get("arrow", 0)),
+        "stored_rows_direct_rollups": int(stored.get("rollups", 0)),
+        "rolled_up_rows": {path: int(rolled_up.get(path, 0)) for path in ("grpc", "direct", "rollups", "arrow")},
         "goal": {
             "ratio": GOAL_RATIO,
             "values_per_s": GOAL_VALUES_PER_S,
             "met": grpc_rate / direct_rate >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
+            "met_same_rows": grpc_rate / same_rows_rate >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
         },
     }
