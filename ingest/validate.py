@@ -390,8 +390,9 @@ def _depths(column: Sequence[int], rows: int) -> npt.NDArray[np.uint16]:
 def _extras(columns: batch_pb2.EventColumns, strings: _Strings, rows: int, limits: Limits) -> pa.Array:
     count = _required_rows("events", columns, ("extra_row", "extra_key", "extra_value"))
     offsets = np.zeros(rows + 1, dtype=np.int32)
-    if count == 0:
-        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
+    if count == 0:  # keys and values as the batch's dictionary, as below: every batch's extras of one type
+        none = strings.column(np.zeros(0, np.int32))
+        return pa.MapArray.from_arrays(offsets, none, none)
     row = np.array(columns.extra_row, dtype=np.uint32)
     if int(row.max()) >= rows:
         bad = int(np.flatnonzero(row >= rows)[0])
@@ -408,9 +409,9 @@ def _extras(columns: batch_pb2.EventColumns, strings: _Strings, rows: int, limit
             "events.extra_row", f"row {bad} has {per_row[bad]} extras; the limit is {limits.max_map_entries}"
         )
     offsets[1:] = np.cumsum(per_row)
-    keys = strings.arrow.take(pa.array(key[order]))
-    vals = strings.arrow.take(pa.array(value[order]))
-    return pa.MapArray.from_arrays(offsets, keys, vals)
+    # codes into the batch's dictionary, as the string columns are: the engine reads them as the strings, and
+    # no string is copied here (taken, they cost 0.07 µs an event of an Nsight export's, and the insert 0.04 more)
+    return pa.MapArray.from_arrays(offsets, strings.column(key[order]), strings.column(value[order]))
 
 
 def _string_map(field: str, mapping: Mapping[str, str], limits: Limits) -> list[tuple[str, str]]:

@@ -89,3 +89,35 @@ def test_an_embedded_insert_stores_the_rows_as_given_once_per_token(tmp_path: Pa
     given = sorted((count - 1 - row, row) for row in range(count))  # (x, its row), as stored
     expected = [{"x": x, "s": "ab"[row % 2], "k": str(row) if row % 3 == 0 else "", "n": 2} for x, row in given]
     assert stored == expected
+
+
+def test_a_group_of_event_batches_stores_each_ones_extras_as_sent(tmp_path: Path) -> None:
+    """ingest/validate.py gives extras as codes into each batch's own dictionary: batches of one group,
+    with extras and without, in dictionaries that differ, store each event's extras as sent, and the
+    group's copy in ingest_pending reads back as the same rows."""
+    from ingest.validate import validate_batch
+    from store.group import decode_tables, encode_tables, new_group
+    from tracehouse.batch import BatchBuilder
+
+    t0 = 1_790_000_000_000_000_000
+    sent = {
+        "with": [{"grid": "1,2,3", "stream": "7"}, {}, {"block": "32"}],
+        "without": None,
+        "other": [{"zeta": "z"}, {"grid": "9"}, {}],
+    }
+    batches = []
+    for i, (name, extras) in enumerate(sent.items()):
+        builder = BatchBuilder(f"b-{name}", run_id="r", host="h")
+        builder.add_events("kernel", [t0 + 10 * i, t0 + 10 * i + 1, t0 + 10 * i + 2], [t0 + 100] * 3,
+                           [f"{name}-{row}" for row in range(3)], extras=extras, gpu=0)  # fmt: skip
+        batches.append(validate_batch(builder.build(), DEFAULT_LIMITS, t0))
+    group = new_group(batches, t0)
+    assert decode_tables(encode_tables(group.tables))["events"].to_pylist() == group.tables["events"].to_pylist()
+    with Store.open(f"chdb://{tmp_path}/store", DEFAULT_LIMITS) as store:
+        outcomes = store.write_group(batches, t0)
+        assert [outcome.duplicate for outcome in outcomes] == [False] * 3  # type: ignore[union-attr]
+        stored = {
+            row["name"]: dict(row["extras"]) for row in store.query("SELECT name, extras FROM {db}.events").to_pylist()
+        }
+    expected = {f"{name}-{row}": (extras or [{}] * 3)[row] for name, extras in sent.items() for row in range(3)}
+    assert stored == expected
