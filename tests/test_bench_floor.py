@@ -38,9 +38,16 @@ def _check_against_floor(result: dict[str, Any], counted: int) -> None:
 
 
 def test_bench_import_reports_the_ratio_to_the_practical_floor() -> None:
-    result = bench_import(events=20_000, path=None)
+    result = bench_import(events=20_000, path=None, rounds=3)
     assert result["events"] == result["stored_events"] > 19_000
     _check_against_floor(result, result["events"])
+    # three rounds, each against its own floor: the figures are the median round's
+    ratios = result["floor_ratio_rounds"]
+    assert result["rounds"] == len(ratios) == len(result["floor_us_per_event_rounds"]) == 3
+    assert result["floor_ratio"] == sorted(ratios)[1]
+    median = ratios.index(result["floor_ratio"])
+    assert result["import_cpu_us_per_event_rounds"][median] == result["import_cpu_us_per_event"]
+    assert result["floor_us_per_event_rounds"][median] == result["practical_floor"]["us_per_event"]
 
 
 def test_bench_import_kineto_reports_the_ratio_to_the_practical_floor() -> None:

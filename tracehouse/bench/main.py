@@ -32,9 +32,9 @@ def _main(args: argparse.Namespace) -> int:
         return 0 if result["sent_rows"] == result["stored_rows"] else 1
     if args.what == "import":
         if args.kineto:
-            result = bench_import_kineto(args.events or 1_000_000, args.file)
+            result = bench_import_kineto(args.events or 1_000_000, args.file, args.rounds)
         else:
-            result = bench_import(args.events or 5_000_000, args.file)
+            result = bench_import(args.events or 5_000_000, args.file, args.rounds)
         print(json.dumps(result, indent=2))
         return 0 if result["events"] == result["stored_events"] else 1
     if args.what == "query":

@@ -32,6 +32,10 @@ def _add_bench(commands: Any) -> None:
     nsys.add_argument(
         "--kineto", action="store_true", help="a PyTorch-profiler trace (JSON), against a plain json.load of it"
     )
+    nsys.add_argument(
+        "--rounds", type=_positive, default=3,
+        help="imports on stores of their own, each against its own floor: the median round's (default %(default)s)",
+    )  # fmt: skip
     query = sub.add_parser("query", help="latency of the analyses on one big synthetic run")
     query.add_argument("--kernels", type=_positive, default=10_000_000, help="kernels (and as many API calls)")
     query.add_argument("--ranges", type=_positive, default=1_000_000, help="NVTX ranges")
