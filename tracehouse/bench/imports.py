@@ -24,6 +24,7 @@ so the merges counted are, if anything, too many). `cpu_us_per_event_until_idle`
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -113,6 +114,7 @@ def _rounds(
         reading = read_floor(path, kind)
         result, stored, peak_rss = _import_in_processes(path, str(store_folder))
         engine = engine_floor(str(store_folder), counted=counted)
+        shutil.rmtree(store_folder)  # measured: the rounds hold one store at a time, not all of them
         floor = _against_floor(result, counted or sum(result["events"].values()), engine, reading)
         seen.append((result, stored, peak_rss, floor))
     result, _, _, floor = sorted(seen, key=lambda one: one[3]["floor_ratio"])[len(seen) // 2]

@@ -129,13 +129,16 @@ def _run(
         def send(request: bytes) -> None:
             write(request, timeout=120)
 
+        def insert_into(table: str, data: Any) -> None:  # as the server inserts (store/arrowinsert.py)
+            insert_arrow(direct, store.location.engine, f"{store.db}.{table}", data)
+
         def insert(samples: Any) -> None:
-            insert_arrow(direct, store.location.engine, f"{store.db}.samples", samples)
+            insert_into("samples", samples)
 
         def insert_with_rollups(samples: Any) -> None:  # the rollups as the server makes them (store/rollup.py)
             insert(samples)
             for rollup, made in rollups(samples).items():
-                insert_arrow(direct, store.location.engine, f"{store.db}.{rollup}", made)
+                insert_into(rollup, made)
 
         def insert_format(samples: Any) -> None:  # the baseline until 2026-12-07: the Arrow format, as a file
             direct.insert_arrow(f"{store.db}.samples", samples)
@@ -192,7 +195,7 @@ def _run(
         "stored_rows_direct": int(stored.get("direct", 0)),
         "stored_rows_arrow_format": int(stored.get("arrow", 0)),
         "stored_rows_direct_rollups": int(stored.get("rollups", 0)),
-        "rolled_up_rows": {path: int(rolled_up.get(path, 0)) for path in ("grpc", "direct", "rollups", "arrow")},
+        "rolled_up_rows": {path: rolled_up.get(path, 0) for path in stored},
         "goal": {
             "ratio": GOAL_RATIO,
             "values_per_s": GOAL_VALUES_PER_S,
