@@ -80,12 +80,12 @@ class IngestService(ingest_pb2_grpc.IngestServicer):
         if grant.hosts is not None:
             check_run_hosts(batch, self._run_hosts(named_runs(batch)), grant)
         if batch.runs is None:
-            return self.commit.write(batch, received, wanted, admitted.hand_over())
+            return self.commit.write(batch, received, wanted, admitted.hand_over(), admitted.taken)
         with self.run_locks.holding(batch.runs.column("run_id").to_pylist()):
             stored = self.store.run_states(batch)
             if stored is not None:  # None: this very batch is stored already
                 check_descriptions(batch.runs, stored, grant)
-            return self.commit.write(batch, received, wanted, admitted.hand_over())
+            return self.commit.write(batch, received, wanted, admitted.hand_over(), admitted.taken)
 
     def _run_hosts(self, run_ids: list[str]) -> dict[str, str]:
         missing = [run_id for run_id in run_ids if run_id not in self._stored_hosts]

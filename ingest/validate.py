@@ -18,6 +18,7 @@ import pyarrow as pa
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from store.eventids import event_ids
 from tracehouse.model import (
     EVENT_KINDS,
     MAX_EVENT_BYTES,
@@ -33,7 +34,6 @@ from tracehouse.v1 import batch_pb2, ingest_pb2
 BATCH_ID = re.compile(r"[A-Za-z0-9._:/-]+")
 TIMESTAMP = pa.timestamp("ns", tz="UTC")
 STRING_MAP = pa.map_(pa.string(), pa.string())
-EVENT_ID_ROW_BITS = 24  # event id = 40 bits of the batch id's hash, then the row
 
 
 class BatchError(ValueError):
@@ -298,12 +298,6 @@ def _samples(batch: batch_pb2.Batch, strings: _Strings, limits: Limits) -> pa.Ta
             "value": values,
         }
     )
-
-
-def event_ids(batch_id: str, rows: int) -> npt.NDArray[np.uint64]:
-    """Stable ids: the same batch gives the same ids, so a re-sent batch pages the same way."""
-    prefix = int.from_bytes(hashlib.blake2b(batch_id.encode(), digest_size=5).digest(), "big")
-    return (np.uint64(prefix) << np.uint64(EVENT_ID_ROW_BITS)) | np.arange(rows, dtype=np.uint64)
 
 
 def _events(batch: batch_pb2.Batch, batch_id: str, strings: _Strings, limits: Limits) -> pa.Table | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.group import TABLES, Batch, Group, encode_tables
+from store.group import LONE_MARK, TABLES, Batch, Group, encode_tables
 from store.storeerrors import BatchConflict, StoreError
 
 
@@ -61,7 +61,9 @@ PENDING_SCHEMA = pa.schema(
 
 
 def pending_row(group: Group) -> dict[str, Any]:
-    payload = encode_tables(group.tables)
+    """The group as ingest_pending keeps it: its batches, and their rows; for batches that stand alone
+    (store/group.py), only the month of their events after LONE_MARK."""
+    payload = {"events": LONE_MARK + str(group.month).encode()} if group.alone else encode_tables(group.tables)
     return {
         "commit": group.commit,
         "done": 0,

@@ -2,9 +2,13 @@
 the same as the bytes `ingest_pending` keeps, from which a group a crash left half-stored is made
 again exactly as it was, so that the insert tokens that name it find what did land.
 
-A batch that stands alone (an import's chunk: events only, many, of one month) is a group by itself
-and needs no copy: its rows go to the store in one insert, one part, so it lands whole or not at
-all, and its token depends only on the batch, so that a retry, whenever it comes, finds what landed."""
+A batch that stands alone (an import's chunk: events only, many, of one month) needs no copy: its
+rows go to the store in one insert, one part, so it lands whole or not at all. Alone it is a group
+by itself whose token depends only on the batch, so that a retry, whenever it comes, finds what
+landed. Several that stand alone, of one month and one engine block together, are one group, one
+insert and one part, on a store with one writer (Store.sole_writer): ingest_pending lists the group
+without its rows, and a group a crash left unfinished is finished by looking for each batch's
+events (its event ids, store/eventids.py), which landed with the others or not at all."""
 
 from __future__ import annotations
 
@@ -23,6 +27,11 @@ from tracehouse.model import INSERT_BLOCK_ROWS
 TABLES = ("samples", "events", "runs", "devices")
 # A batch this large is an insert worth making on its own: an import sends 65,536 events a batch.
 ALONE_ROWS = 32_768
+# Several that stand alone together: no more bytes than this, far below the engine's 256 MiB a block (an
+# insert of more may make two parts); four chunks of an import's are 10-40 MiB
+LONE_GROUP_BYTES = 128 << 20
+# ingest_pending's `events` cell of a group listed without its rows (lone_group): this, then the month (YYYYMM)
+LONE_MARK = b"lone, month "
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
@@ -53,7 +62,13 @@ class Group:
     digests: tuple[str, ...]
     rows: tuple[Mapping[str, int], ...]  # per batch, rows per table
     tables: Mapping[str, pa.Table]  # the batches' rows, one after another, per table that has any
-    alone: bool = False  # one batch that stands alone: not copied to ingest_pending
+    alone: bool = False  # batches that stand alone: not copied to ingest_pending (lone_group)
+    month: int = 0  # of their events (YYYYMM), when they stand alone
+
+    @property
+    def listed(self) -> bool:
+        """Whether ingest_pending lists the group until it is done: every group but a lone batch's."""
+        return not self.alone or len(self.batch_ids) > 1
 
     def token(self, table: str) -> str:
         return f"{self.commit}/{table}"
@@ -91,27 +106,52 @@ def new_group(batches: Sequence[Batch], received_ns: int) -> Group:
     )
 
 
-def stands_alone(batch: Batch) -> bool:
-    """Whether `batch` is stored as a group of its own, without a copy in ingest_pending: at least
-    ALONE_ROWS events, nothing else (no rollups follow), all in one month (the events table's
-    partition) and one block of the engine's, so that its insert makes one part."""
+def alone_month(batch: Batch) -> int | None:
+    """The month (YYYYMM) of a batch that stands alone: at least ALONE_ROWS events, nothing else (no
+    rollups follow), all in one month (the events table's partition) and one block of the engine's,
+    so that its insert makes one part. None for any other batch."""
     events = batch.events
     if (
         events is None
         or not ALONE_ROWS <= events.num_rows <= INSERT_BLOCK_ROWS
         or any(table is not None for table in (batch.samples, batch.runs, batch.devices))
     ):
-        return False
+        return None
     bounds = pc.min_max(events.column("start").cast(pa.int64()))
     months = np.array([bounds["min"].as_py(), bounds["max"].as_py()], "datetime64[ns]").astype("datetime64[M]")
-    return bool(months[0] == months[1])
+    if months[0] != months[1]:
+        return None
+    since_1970 = int(months[0].astype(np.int64))
+    return (1970 + since_1970 // 12) * 100 + since_1970 % 12 + 1
 
 
-def lone_group(batch: Batch, received_ns: int) -> Group:
-    """A batch that stands alone as its group, numbered by its id and content: sent again, it is
-    stored under the same insert token, which the engine drops if the first insert landed."""
-    digest = hashlib.sha256(f"{batch.batch_id}\n{batch.digest}".encode()).digest()
-    return replace(new_group([batch], received_ns), commit=int.from_bytes(digest[:8], "big") >> 1, alone=True)
+def stands_alone(batch: Batch) -> bool:
+    """Whether `batch` is stored without a copy in ingest_pending (alone_month)."""
+    return alone_month(batch) is not None
+
+
+def one_part(batches: Sequence[Batch]) -> bool:
+    """Whether the batches, each standing alone, make one part together: one month, one engine block
+    (rows, and bytes: LONE_GROUP_BYTES)."""
+    months = {alone_month(batch) for batch in batches}
+    events = [batch.events for batch in batches if batch.events is not None]
+    return (
+        len(months) == 1
+        and None not in months
+        and sum(table.num_rows for table in events) <= INSERT_BLOCK_ROWS
+        and (len(batches) == 1 or sum(table.nbytes for table in events) <= LONE_GROUP_BYTES)
+    )
+
+
+def lone_group(batches: Sequence[Batch], received_ns: int) -> Group:
+    """Batches that stand alone (one_part) as one group. One batch is numbered by its id and content:
+    sent again, it is stored under the same insert token, which the engine drops if the first insert
+    landed. Several are listed in ingest_pending under a number of their own, as any group is."""
+    group = replace(new_group(batches, received_ns), alone=True, month=alone_month(batches[0]) or 0)
+    if len(batches) > 1:
+        return group
+    digest = hashlib.sha256(f"{batches[0].batch_id}\n{batches[0].digest}".encode()).digest()
+    return replace(group, commit=int.from_bytes(digest[:8], "big") >> 1)
 
 
 def encode_tables(tables: Mapping[str, pa.Table]) -> dict[str, bytes]:

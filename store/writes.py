@@ -25,7 +25,8 @@ from store.claim import (
     pending_row,
     stored_ns,
 )
-from store.group import TABLES, Batch, Group, decode_tables, lone_group, new_group, stands_alone
+from store.eventids import EVENT_ID_ROW_BITS, batch_prefix
+from store.group import LONE_MARK, TABLES, Batch, Group, decode_tables, lone_group, new_group, one_part
 from store.rollup import rollups
 from store.storeerrors import BatchRefused, StoreError, clean_error, error_code
 
@@ -85,7 +86,7 @@ class GroupWrites(StoreBase):
                         self._finish(client, winner)  # its server may be gone: answer only once it is stored
                 refused.update({fresh[j]: ALREADY_CLAIMED for j in taken})
             except BaseException:
-                if self.sole_writer and not group.alone:  # a retry, or the sweep, finishes it
+                if self.sole_writer and group.listed:  # a retry, or the sweep, finishes it
                     self._left_unfinished[group.commit] = frozenset(group.batch_ids)
                 raise
             finally:
@@ -113,7 +114,7 @@ class GroupWrites(StoreBase):
     ) -> tuple[set[str], dict[str, tuple[str, dict[str, int]]], dict[str, int]]:
         """Which of `batches` are stored already (finishing the unfinished groups that hold any),
         and the index of the first of each other batch id, which are claimed as one new group,
-        written to ingest_pending (but for one batch that stands alone: store/group.py). One claim
+        listed in ingest_pending (but for one batch that stands alone: store/group.py). One claim
         at a time in this process; the groups claimed are stored at the same time, and a batch
         claimed already is waited for."""
         while True:
@@ -132,10 +133,11 @@ class GroupWrites(StoreBase):
                             first.setdefault(batch.batch_id, i)
                     if first:
                         fresh = [batches[i] for i in sorted(first.values())]
-                        if len(fresh) == 1 and stands_alone(fresh[0]):
-                            group = lone_group(fresh[0], received_ns)
+                        if one_part(fresh) and (len(fresh) == 1 or self.sole_writer):
+                            group = lone_group(fresh, received_ns)
                         else:
                             group = new_group(fresh, received_ns)
+                        if group.listed:
                             self._insert_pending(client, group)
                         claim = (group, threading.Event())
                         self._claimed.update(dict.fromkeys(group.batch_ids, claim))
@@ -205,27 +207,29 @@ class GroupWrites(StoreBase):
             crash_point(f"table:{table}")
         crash_point("tables")
         kept = [i for i in range(len(group.batch_ids)) if i not in refused and i not in taken]
-        if kept:
-            self._insert_table(
-                client,
-                "ingest_batches",
-                pa.table(
-                    {
-                        "batch_id": [group.batch_ids[i] for i in kept],
-                        "digest": [group.digests[i] for i in kept],
-                        "received": pa.array([group.received_ns] * len(kept), pa.timestamp("ns", tz="UTC")),
-                        **{
-                            table: pa.array([group.rows[i].get(table, 0) for i in kept], pa.uint32())
-                            for table in TABLES
-                        },
-                    }
-                ),
-            )
+        self._insert_ledger(client, group, kept)
         crash_point("ledger")
-        if not group.alone:
+        if group.listed:
             with self._done_lock:
                 self._done.append(group.commit)
         return refused, taken
+
+    def _insert_ledger(self, client: Client, group: Group, kept: list[int]) -> None:
+        """The ledger's rows of the group's batches at the indexes `kept`: stored."""
+        if not kept:
+            return
+        self._insert_table(
+            client,
+            "ingest_batches",
+            pa.table(
+                {
+                    "batch_id": [group.batch_ids[i] for i in kept],
+                    "digest": [group.digests[i] for i in kept],
+                    "received": pa.array([group.received_ns] * len(kept), pa.timestamp("ns", tz="UTC")),
+                    **{table: pa.array([group.rows[i].get(table, 0) for i in kept], pa.uint32()) for table in TABLES},
+                }
+            ),
+        )
 
     def _taken_elsewhere(self, client: Client, group: Group) -> dict[int, int | None]:
         """The group's batches that another group claimed before it, as the engine numbered the
@@ -283,8 +287,9 @@ class GroupWrites(StoreBase):
             done = set(self._done)  # finished here, not yet marked
         return [int(row[0]) for row in found if int(row[0]) not in done]
 
-    def _finish(self, client: Client, commit: int) -> tuple[str, ...]:
-        """Store again what an unfinished group holds (what of it landed is not stored twice); its batch ids."""
+    def _finish(self, client: Client, commit: int, busy: set[str] | None = None) -> tuple[str, ...]:
+        """Store again what an unfinished group holds (what of it landed is not stored twice); its batch ids.
+        Nothing for a group that holds a batch in `busy`: claimed again by this process, being stored."""
         found = client.query(
             f"SELECT received, batch_ids, digests, rows, {', '.join(TABLES)} FROM {self.db}.ingest_pending "
             "WHERE commit = {commit:UInt64} AND done = 0 LIMIT 1",
@@ -294,17 +299,69 @@ class GroupWrites(StoreBase):
         if not found:
             return ()
         received, batch_ids, digests, rows, *payloads = found[0]
+        if busy and busy.intersection(batch_ids):
+            return ()
         if len(self._ledger(client, list(batch_ids))) == len(batch_ids):  # the ledger comes last: all landed
             with self._done_lock:
                 self._done.append(commit)
             self._left_unfinished.pop(commit, None)
             return ()
+        events = payloads[TABLES.index("events")]
+        if events.startswith(LONE_MARK):  # batches that stood alone, listed without their rows (store/group.py)
+            month = int(events[len(LONE_MARK) :])
+            lone = Group(commit, stored_ns(received), tuple(batch_ids), tuple(digests), tuple(rows), {}, True, month)
+            return self._finish_lone(client, lone)
         tables = decode_tables({table: data for table, data in zip(TABLES, payloads, strict=True) if data})
         group = Group(commit, stored_ns(received), tuple(batch_ids), tuple(digests), tuple(rows), tables)
         log.warning("finishing group commit %d (%d batches), left unfinished by its server", commit, len(rows))
         self._store_group(client, group)
         self._left_unfinished.pop(commit, None)
         return group.batch_ids
+
+    def _finish_lone(self, client: Client, group: Group) -> tuple[str, ...]:
+        """Finish a group of batches that stood alone: each one's events landed whole or not at all, so
+        the ledger takes those whose events are in, and the others are left to their writers, whose
+        retries claim them again; the batch ids stored now. Only a store's sole writer makes such groups:
+        no other server can be inserting them while this one looks."""
+        stored = self._ledger(client, list(group.batch_ids))
+        unstored = [i for i, batch_id in enumerate(group.batch_ids) if batch_id not in stored]
+        landed = self._landed(client, group, unstored)
+        self._insert_ledger(client, group, landed)
+        log.warning(
+            "finished group commit %d, left unfinished: %d of its %d batches' events were in, the others are "
+            "left to their writers' retries", group.commit, len(landed) + len(stored), len(group.batch_ids),
+        )  # fmt: skip
+        with self._done_lock:
+            self._done.append(group.commit)
+        self._left_unfinished.pop(group.commit, None)
+        return tuple(batch_id for i, batch_id in enumerate(group.batch_ids) if batch_id in stored or i in landed)
+
+    def _landed(self, client: Client, group: Group, indexes: list[int]) -> list[int]:
+        """Of the group's batches at `indexes`, those whose events are in the store, found by their
+        event ids (store/eventids.py; a scan of the ids of the group's month, made only to finish a group).
+        Each landed whole or not at all (one part); a count short of the batch's is another batch's
+        events under the same 40 bits, or a break of that rule: logged, and left to the retry."""
+        if not indexes:
+            return []
+        prefixes: dict[int, list[int]] = {}
+        for i in indexes:
+            prefixes.setdefault(batch_prefix(group.batch_ids[i]), []).append(i)
+        found = client.query(
+            f"SELECT bitShiftRight(id, {EVENT_ID_ROW_BITS}) AS prefix, count() FROM {self.db}.events "
+            "WHERE toYYYYMM(start) = {month:UInt32} AND prefix IN {prefixes:Array(UInt64)} GROUP BY prefix",
+            parameters={"month": group.month, "prefixes": list(prefixes)},
+        ).result_rows
+        landed = []
+        for prefix, count in found:
+            for i in prefixes[int(prefix)]:
+                sent = group.rows[i].get("events", 0)
+                if int(count) == sent:
+                    landed.append(i)
+                else:
+                    log.error(
+                        "batch %s: %d events in the store under its ids, of its %d", group.batch_ids[i], count, sent
+                    )
+        return sorted(landed)
 
     def finish_unfinished(self, older_than_s: float) -> int:
         """Finish the groups left unfinished for over `older_than_s` (their servers stopped, their
@@ -320,7 +377,13 @@ class GroupWrites(StoreBase):
                 ).result_rows
             ]
             for commit in commits:
-                self._finish(client, commit)
+                # as a claim does, one at a time, and not a group finished here already nor one holding a batch
+                # being stored (a lone group's is found only once its events landed, and its ledger row follows)
+                with self._write_lock:
+                    with self._done_lock:
+                        finished = commit in self._done
+                    if not finished:
+                        self._finish(client, commit, busy=set(self._claimed))
             with self._done_lock:
                 done, self._done = self._done, []
             if done:

@@ -32,9 +32,11 @@ def telemetry(batch_id: str, run_id: str = "run-a", host: str = "host-a", n: int
     return builder
 
 
-def kernels(batch_id: str, rows: int, span_ns: int = S, run_id: str = "run-a", host: str = "host-a") -> BatchBuilder:
-    """`rows` kernels spread over `span_ns` from T0, as an import's chunk holds them."""
-    starts = T0 + np.arange(rows, dtype=np.int64) * (span_ns // rows)
+def kernels(
+    batch_id: str, rows: int, span_ns: int = S, run_id: str = "run-a", host: str = "host-a", t0: int = T0
+) -> BatchBuilder:
+    """`rows` kernels spread over `span_ns` from `t0`, as an import's chunk holds them."""
+    starts = t0 + np.arange(rows, dtype=np.int64) * (span_ns // rows)
     return BatchBuilder(batch_id, run_id=run_id, host=host).add_events("kernel", starts, starts + 1000, "gemm", gpu=0)
 
 

@@ -223,7 +223,7 @@ def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finish
     tmp_path: Path, address: str, client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "big.sqlite"
-    write_export(path, Spec(steps=2000, kernels_per_step=100))  # 600 k rows: seconds to import
+    write_export(path, Spec(steps=8000, kernels_per_step=100))  # 2.4 M rows: seconds to import, four chunks at a time
     command = ["import", "--server", address, "--host", "edge-import", str(path)]
     importing = subprocess.Popen(
         [sys.executable, "-m", "tracehouse.cli", *command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -2,9 +2,13 @@
 failures retried with backoff (as long as the server asks, when its store is behind), and
 any failure that remains raised to the caller.
 
-`concurrency` bounds the large requests in flight (an import's chunks: what memory holds); smaller
+`concurrency` bounds the large requests in flight (an import's chunks: what memory holds, with up to as
+many less one made and held for the next send); smaller
 ones go beside them, up to MAX_CALLS in all, so that a small file's few batches reach the server
-together and are stored in one group commit rather than one commit interval after another."""
+together and are stored in one group commit rather than one commit interval after another. Large
+requests are sent `concurrency` at a time, together: on a store with one writer the server stores
+the chunks of one month that arrive together as one insert (ingest/groupcommit.py), a fraction of
+what the engine spends on each one alone, and the next ones are made while those are stored."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ class WriteFailed(Exception):
 
 class BatchWriter:
     def __init__(
-        self, server: str, security: ClientSecurity | None = None, concurrency: int = 2, patience: float = 60.0
+        self, server: str, security: ClientSecurity | None = None, concurrency: int = 4, patience: float = 60.0
     ) -> None:
         self.server = server
         self.security = security
@@ -46,26 +50,43 @@ class BatchWriter:
         self._pool = ThreadPoolExecutor(calls, thread_name_prefix="writer")
         self._calls = threading.BoundedSemaphore(calls)
         self._large = threading.BoundedSemaphore(concurrency)
+        self._concurrency = concurrency
         self._pending: list[Future[ingest_pb2.WriteResponse]] = []
+        self._held: list[bytes] = []  # large requests not yet sent: `concurrency` go together
         self._patience = patience
         self.batches = 0
         self.duplicates = 0
 
     def write(self, batch: batch_pb2.Batch) -> None:
-        """Send a batch; blocks while `concurrency` large requests, or MAX_CALLS in all, are in
-        flight. Raises WriteFailed for an earlier batch that failed."""
+        """Send a batch (a large one once it makes a burst, or at the next smaller one or flush);
+        blocks while `concurrency` large requests, or MAX_CALLS in all, are in flight. Raises
+        WriteFailed for an earlier batch that failed."""
         self._reap(block=False)
         request = encode_request(batch)
-        slots = [self._large, self._calls] if len(request) >= LARGE_BYTES else [self._calls]
+        if len(request) >= LARGE_BYTES:
+            self._held.append(request)
+            if len(self._held) >= self._concurrency:
+                self._send_held()
+            return
+        self._send_held()
+        self._submit(request, [self._calls])
+
+    def flush(self) -> None:
+        """Wait for every batch written so far; raises WriteFailed if one failed."""
+        self._send_held()
+        self._reap(block=True)
+
+    def _send_held(self) -> None:
+        held, self._held = self._held, []
+        for request in held:
+            self._submit(request, [self._large, self._calls])
+
+    def _submit(self, request: bytes, slots: list[threading.BoundedSemaphore]) -> None:
         for slot in slots:
             slot.acquire()
         future = self._pool.submit(self._send, request)
         future.add_done_callback(lambda _: _release(slots))
         self._pending.append(future)
-
-    def flush(self) -> None:
-        """Wait for every batch written so far; raises WriteFailed if one failed."""
-        self._reap(block=True)
 
     def _reap(self, block: bool) -> None:
         still = []
@@ -99,6 +120,7 @@ class BatchWriter:
     def abandon(self) -> int:
         """Stop writing (Ctrl-C): batches not yet sent are not sent, those in flight are waited for;
         how many batches the server took in all."""
+        self._held = []
         for future in self._pending:
             future.cancel()
         self._pool.shutdown(wait=True)

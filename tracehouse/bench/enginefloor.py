@@ -64,7 +64,7 @@ def engine_floor(import_folder: str, counted: int = 0) -> dict[str, Any]:
 
 
 def _measure(import_folder: str, folder: str) -> dict[str, Any]:
-    from ingest.validate import EVENT_ID_ROW_BITS
+    from store.eventids import EVENT_ID_ROW_BITS
     from store.store import Store
     from tracehouse.model import DEFAULT_LIMITS
 
