@@ -28,7 +28,7 @@ TABLES = ("samples", "events", "runs", "devices")
 # A batch this large is an insert worth making on its own: an import sends 65,536 events a batch.
 ALONE_ROWS = 32_768
 # Several that stand alone together: no more bytes than this, far below the engine's 256 MiB a block (an
-# insert of more may make two parts); four chunks of an import's are 10-40 MiB
+# insert of more may make two parts); four chunks of an import are 25-28 MiB (Kineto, Nsight)
 LONE_GROUP_BYTES = 128 << 20
 # ingest_pending's `events` cell of a group listed without its rows (lone_group): this, then the month (YYYYMM)
 LONE_MARK = b"lone, month "
