@@ -16,6 +16,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,8 @@ from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from agent.traces.watch import FolderWatcher
 from query.client import Client
+from store.group import ALONE_ROWS
+from store.store import Store
 from tests.agent_helpers import Fates
 from tests.fuzz_worker import Sink
 from tests.helpers import telemetry, wait_until
@@ -220,21 +223,36 @@ def test_verdict_numbers_out_of_range_are_one_line_not_a_traceback(
 
 
 def test_ctrl_c_during_an_import_ends_it_in_one_line_and_running_it_again_finishes_it(
-    tmp_path: Path, address: str, client: Client, capsys: pytest.CaptureFixture[str]
-) -> None:
+    tmp_path: Path, store: Store, address: str, client: Client, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     path = tmp_path / "big.sqlite"
-    write_export(path, Spec(steps=8000, kernels_per_step=100))  # 2.4 M rows: seconds to import, four chunks at a time
+    write_export(path, Spec(steps=2000, kernels_per_step=100))  # 600 k rows: ten chunks
+    # the server holds the answer to the first chunks it stored until Ctrl-C is sent: mid-import, whatever
+    # the machine's pace (four chunks are stored at a time, and under a full run the import was done first)
+    first_stored, go_on = threading.Event(), threading.Event()
+    store_claimed = store.store_claimed
+
+    def held(claim: Any) -> Any:
+        outcomes = store_claimed(claim)
+        if any(batch.events is not None and batch.events.num_rows >= ALONE_ROWS for batch in claim.batches):
+            first_stored.set()
+            go_on.wait(60)
+        return outcomes
+
+    monkeypatch.setattr(store, "store_claimed", held)
     command = ["import", "--server", address, "--host", "edge-import", str(path)]
     importing = subprocess.Popen(
         [sys.executable, "-m", "tracehouse.cli", *command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    stored = "SELECT count() AS n FROM events WHERE host = 'edge-import'"
     try:
-        wait_until(lambda: int(client.sql(stored)["n"][0]) > 0 or importing.poll() is not None, 60, "a batch stored")
+        wait_until(lambda: first_stored.is_set() or importing.poll() is not None, 60, "a batch stored")
         importing.send_signal(signal.SIGINT)
+        go_on.set()
         out, err = importing.communicate(timeout=30)
     finally:
+        go_on.set()
         importing.kill()
     assert importing.returncode == 130, err[-2000:]
     assert out == "" and "Traceback" not in err
