@@ -22,6 +22,7 @@ import pytest
 
 from agent.shipping.spool import CHECK, FIELDS, HEAD, MAGIC, EncodedBatch, Spool, encode
 from agent.traces.importer import import_export, prefetched
+from agent.traces.kineto_synthetic import KinetoSpec, write_trace
 from agent.traces.nsys_strings import cut
 from agent.traces.nsys_synthetic import KERNELS, Spec, write_export
 from agent.traces.watch import FolderWatcher
@@ -51,6 +52,48 @@ def import_measured(path: Path, address: str, host: str) -> tuple[int, str, int]
     )  # fmt: skip
     *said, peak = done.stderr.strip().splitlines()  # VmHWM, in KiB: ru_maxrss would count the parent's
     return done.returncode, "\n".join(said), int(peak) << 10
+
+
+PANDAS_AT_EXIT = (
+    "import sys; from tracehouse.cli.main import main; code = main(sys.argv[1:]); "
+    "print('pandas' in sys.modules, file=sys.stderr); sys.exit(code)"
+)
+PANDAS_STILL_WORKS = """
+import pyarrow as pa
+from tracehouse.arrowonly import arrow_without_pandas
+arrow_without_pandas()
+assert pa.array([1, None]).to_pylist() == [1, None]
+import pandas
+assert pa.table({"a": [1, 2]}).to_pandas()["a"].tolist() == [1, 2]
+assert pa.array(pandas.Series(["x", "y", "x"], dtype="category")).type == pa.dictionary(pa.int8(), pa.large_string())
+"""
+
+
+def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
+    tmp_path: Path, address: str, client: Client
+) -> None:
+    """pyarrow imports pandas at its first conversion, a fifth of a second of an importer's start,
+    unless it finds it absent first (tracehouse/arrowonly.py): `tracehouse import` of either kind
+    of trace stores every event without it; in a process that imports pandas later, pyarrow's
+    pandas conversions still work."""
+    kineto, nsys = tmp_path / "small.pt.trace.json.gz", tmp_path / "small.sqlite"
+    write_trace(kineto, KinetoSpec(steps=3))
+    write_export(nsys, Spec(steps=3))
+    for path in (kineto, nsys):
+        done = subprocess.run(
+            [sys.executable, "-c", PANDAS_AT_EXIT, "import", "--server", address, "--host", "no-pandas", str(path)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1] == "False", f"{path.name}: pandas was imported"
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        stored = client.sql(
+            f"SELECT count() AS n FROM events WHERE run_id = '{result['run_id']}' AND kind NOT IN ('process', 'thread')"
+        )
+        assert int(stored["n"][0]) == sum(result["events"].values()) > 0
+    done = subprocess.run([sys.executable, "-c", PANDAS_STILL_WORKS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_huge_strings_of_an_export_are_cut_while_read(tmp_path: Path, address: str, client: Client) -> None:

@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import queue
 import re
-import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import ijson
 import msgspec
-import numpy as np
 
 from agent.traces.kineto_scan import SURROGATE, KinetoError, TraceText, one_line
-from agent.traces.tracefile import MAX_VALUE_BYTES, Marks
+from agent.traces.tracefile import MAX_VALUE_BYTES
 
 READ_BYTES = 1 << 20
 MAX_PENDING = 2 * MAX_VALUE_BYTES + READ_BYTES  # an event and what may be around it
@@ -39,7 +36,6 @@ _LONG_NUMBER = b"0" * EXACT_DIGITS
 _DIGITS = bytes(ord("0") if chr(byte) in "0123456789." else ord(" ") for byte in range(256))
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _WHITE_SPACE = b" \t\r\n"
-_NO_MARKS = Marks(np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.intp))
 
 
 class Event(msgspec.Struct, gc=False):
@@ -70,14 +66,11 @@ class EventBlocks:
     `read` counts the items parsed so far. Raises KinetoError for text that is not JSON."""
 
     def __init__(self, text: TraceText, name: str, lists_before: int, layout: str) -> None:
-        self._text = _Ahead(text)
+        self._text = text
         self._name = name
         self._lists_before = lists_before  # top-level members' lists before traceEvents'
         self._layout = layout
         self.read = 0
-
-    def close(self) -> None:
-        self._text.close()
 
     def __iter__(self) -> Iterator[list[Any]]:
         buffer = bytearray()
@@ -165,7 +158,7 @@ class EventBlocks:
 class _Rest:
     """`first`, then the rest of the text, as ijson reads a file."""
 
-    def __init__(self, first: bytes, text: _Ahead) -> None:
+    def __init__(self, first: bytes, text: TraceText) -> None:
         self._first: bytes | None = first
         self._text = text
 
@@ -178,58 +171,6 @@ class _Rest:
         data = self._text.read(size)
         self._text.marks()
         return data
-
-
-class _Ahead:
-    """A TraceText read AHEAD chunks ahead in a thread of its own: decompression and much of the
-    guard's work run without the GIL, beside the parsing. `read` and `marks` as TraceText's."""
-
-    AHEAD = 2
-
-    def __init__(self, text: TraceText) -> None:
-        self._text = text
-        self._ready: queue.Queue[tuple[bytes, Marks] | BaseException] = queue.Queue(self.AHEAD)
-        self._stop = threading.Event()
-        self._marks: Marks | None = None
-        self._thread: threading.Thread | None = None
-
-    def read(self, size: int = READ_BYTES) -> bytes:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, args=(size,), name="kineto-text", daemon=True)
-            self._thread.start()
-        got = self._ready.get()
-        if isinstance(got, BaseException):
-            self._ready.put(got)  # every later read raises it too
-            raise got
-        data, self._marks = got
-        if not data:
-            self._ready.put(got)
-        return data
-
-    def marks(self) -> Marks:
-        marks, self._marks = self._marks, None
-        return marks if marks is not None else _NO_MARKS
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self, size: int) -> None:
-        try:
-            while True:
-                data = self._text.read(size)
-                if not self._put((data, self._text.marks())) or not data:
-                    return
-        except BaseException as error:  # handed to the reader, which raises it
-            self._put(error)
-
-    def _put(self, item: tuple[bytes, Marks] | BaseException) -> bool:
-        while not self._stop.is_set():
-            with contextlib.suppress(queue.Full):
-                self._ready.put(item, timeout=0.1)
-                return True
-        return False
 
 
 @contextlib.contextmanager

@@ -52,6 +52,9 @@ class Part:
     name: str  # the batch id's middle part, and what a progress line calls it
     chunks: Iterator[pa.RecordBatch]  # event columns as BatchBuilder.add_event_table takes them
     estimate: Callable[[int], int]  # rows expected in all, given the rows read so far
+    # read in a thread of its own while the chunk before is sent: for a reader that works without the
+    # GIL (SQLite); one that parses and maps in Python only loses to the switching (agent/traces/kineto.py)
+    read_ahead: bool = True
 
 
 class Trace(Protocol):

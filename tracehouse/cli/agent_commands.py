@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tracehouse import config
+from tracehouse.arrowonly import arrow_without_pandas
 from tracehouse.cli.demo_train import BATCH
 from tracehouse.cli.options import (
     EXIT_UNAVAILABLE,
@@ -116,6 +117,7 @@ def run_agent(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    arrow_without_pandas()
     from agent.daemon import Agent, AgentConfig, open_backend
     from agent.telemetry.gpu import BackendUnavailable
 
@@ -173,10 +175,12 @@ def run_import(args: argparse.Namespace) -> int:
     import shlex
     import signal
 
+    arrow_without_pandas()
     from agent.shipping.writer import BatchWriter, WriteFailed
-    from agent.traces.importer import import_export
+    from agent.traces.importer import collect_less, import_export
     from agent.traces.tracefile import TraceFileError
 
+    collect_less()
     job = None
     if args.job is not None:
         from tracehouse.jobs import JobError, check_job_id
