@@ -74,8 +74,8 @@ def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
 ) -> None:
     """pyarrow imports pandas at its first conversion, a fifth of a second of an importer's start,
     unless it finds it absent first (tracehouse/arrowonly.py): `tracehouse import` of either kind
-    of trace stores every event without it; in a process that imports pandas later, pyarrow's
-    pandas conversions still work."""
+    of trace stores every event without it, the agent its samples and the exports it watches for;
+    in a process that imports pandas later, pyarrow's pandas conversions still work."""
     kineto, nsys = tmp_path / "small.pt.trace.json.gz", tmp_path / "small.sqlite"
     write_trace(kineto, KinetoSpec(steps=3))
     write_export(nsys, Spec(steps=3))
@@ -91,6 +91,19 @@ def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
             f"SELECT count() AS n FROM events WHERE run_id = '{result['run_id']}' AND kind NOT IN ('process', 'thread')"
         )
         assert int(stored["n"][0]) == sum(result["events"].values()) > 0
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    write_export(watched / "watched.sqlite", Spec(steps=3, seed=11))  # imported once two polls 2 s apart see it
+    agent = ["agent", "--simulate", "1", "--duration", "6", "--interval", "0.1", "--server", address,
+             "--spool", str(tmp_path / "spool"), "--host", "no-pandas-agent", "--watch", str(watched)]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", PANDAS_AT_EXIT, *agent], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == "False", "the agent imported pandas"
+    stored = client.sql("SELECT count() AS n FROM samples WHERE host = 'no-pandas-agent'")
+    assert int(stored["n"][0]) > 0
+    imported = client.sql("SELECT count() AS n FROM events WHERE host = 'no-pandas-agent' AND kind = 'kernel'")
+    assert int(imported["n"][0]) > 0, "the watched export was imported"
     done = subprocess.run([sys.executable, "-c", PANDAS_STILL_WORKS], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
