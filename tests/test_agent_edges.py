@@ -4,6 +4,7 @@ matrix and config files, signals, numeric options) is bounded, refused in one li
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -52,6 +53,20 @@ def import_measured(path: Path, address: str, host: str) -> tuple[int, str, int]
     )  # fmt: skip
     *said, peak = done.stderr.strip().splitlines()  # VmHWM, in KiB: ru_maxrss would count the parent's
     return done.returncode, "\n".join(said), int(peak) << 10
+
+
+def test_an_import_run_in_process_gives_the_collector_its_threshold_back(tmp_path: Path, address: str) -> None:
+    """`tracehouse import` collects young objects less often while it imports (agent/traces/importer.py
+    collecting_less): run in a process that goes on (as these tests run it), the threshold is as before,
+    after a file refused as after one imported."""
+    before = gc.get_threshold()
+    trace = tmp_path / "small.pt.trace.json.gz"
+    write_trace(trace, KinetoSpec(steps=2))
+    assert main(["import", "--server", address, "--host", "threshold", str(trace)]) == 0
+    assert gc.get_threshold() == before
+    (tmp_path / "bad.json").write_text("[1, 2")
+    assert main(["import", "--server", address, str(tmp_path / "bad.json")]) == 2
+    assert gc.get_threshold() == before
 
 
 PANDAS_AT_EXIT = (

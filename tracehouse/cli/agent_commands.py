@@ -172,15 +172,9 @@ def run_demo_train(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    import shlex
-    import signal
-
     arrow_without_pandas()
-    from agent.shipping.writer import BatchWriter, WriteFailed
-    from agent.traces.importer import collect_less, import_export
-    from agent.traces.tracefile import TraceFileError
+    from agent.traces.importer import collecting_less
 
-    collect_less()
     job = None
     if args.job is not None:
         from tracehouse.jobs import JobError, check_job_id
@@ -190,6 +184,18 @@ def run_import(args: argparse.Namespace) -> int:
         except JobError as error:
             print(f"tracehouse: {error}", file=sys.stderr)
             return EXIT_USAGE
+    with collecting_less():
+        return _import_files(args, job)
+
+
+def _import_files(args: argparse.Namespace, job: str | None) -> int:
+    import shlex
+    import signal
+
+    from agent.shipping.writer import BatchWriter, WriteFailed
+    from agent.traces.importer import import_export
+    from agent.traces.tracefile import TraceFileError
+
     writer = BatchWriter(args.server or config.default_server(), _client_security(args))
     status = 0
     path = args.files[0]
