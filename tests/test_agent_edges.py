@@ -45,12 +45,15 @@ MEASURED = (
 )
 
 
+def run_child(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE ARGS...` from this checkout, its output captured."""
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+
+
 def import_measured(path: Path, address: str, host: str) -> tuple[int, str, int]:
     """`tracehouse import PATH` in a child process: its exit status, stderr, and peak RSS in bytes."""
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURED, "import", "--server", address, "--host", host, str(path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    done = run_child(MEASURED, "import", "--server", address, "--host", host, str(path), timeout=300)
     *said, peak = done.stderr.strip().splitlines()  # VmHWM, in KiB: ru_maxrss would count the parent's
     return done.returncode, "\n".join(said), int(peak) << 10
 
@@ -95,10 +98,7 @@ def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
     write_trace(kineto, KinetoSpec(steps=3))
     write_export(nsys, Spec(steps=3))
     for path in (kineto, nsys):
-        done = subprocess.run(
-            [sys.executable, "-c", PANDAS_AT_EXIT, "import", "--server", address, "--host", "no-pandas", str(path)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+        done = run_child(PANDAS_AT_EXIT, "import", "--server", address, "--host", "no-pandas", str(path))
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stderr.strip().splitlines()[-1] == "False", f"{path.name}: pandas was imported"
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -111,16 +111,14 @@ def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
     write_export(watched / "watched.sqlite", Spec(steps=3, seed=11))  # imported once two polls 2 s apart see it
     agent = ["agent", "--simulate", "1", "--duration", "6", "--interval", "0.1", "--server", address,
              "--spool", str(tmp_path / "spool"), "--host", "no-pandas-agent", "--watch", str(watched)]  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", PANDAS_AT_EXIT, *agent], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = run_child(PANDAS_AT_EXIT, *agent)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == "False", "the agent imported pandas"
     stored = client.sql("SELECT count() AS n FROM samples WHERE host = 'no-pandas-agent'")
     assert int(stored["n"][0]) > 0
     imported = client.sql("SELECT count() AS n FROM events WHERE host = 'no-pandas-agent' AND kind = 'kernel'")
     assert int(imported["n"][0]) > 0, "the watched export was imported"
-    done = subprocess.run([sys.executable, "-c", PANDAS_STILL_WORKS], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = run_child(PANDAS_STILL_WORKS)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
