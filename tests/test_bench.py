@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.shipping.writer import LARGE_IN_FLIGHT
 from tracehouse.bench.agent import bench_agent
 from tracehouse.bench.imports import bench_import
 from tracehouse.bench.ingest import bench_ingest
@@ -15,10 +16,16 @@ def test_bench_ingest_runs_and_loses_nothing(ack_once_stored: bool) -> None:
     result = bench_ingest(rows=50_000, batch_rows=10_000, rounds=2, store_url=None, ack_once_stored=ack_once_stored)
     assert result["sent_rows"] == result["stored_rows"] == 2 * (50_000 // 128) * 128
     assert result["stored_rows_direct"] == result["stored_rows_arrow_format"] == result["sent_rows"]
+    assert result["stored_rows_direct_2"] == result["sent_rows"]
+    # every path keeps as many in flight as an import's writer; the goal is against the better direct insert
+    assert result["in_flight"] == LARGE_IN_FLIGHT
+    best = max(result["direct_rows_per_s"], result["direct_2_in_flight_rows_per_s"])
+    assert result["ratio_to_best_direct"] == pytest.approx(result["grpc_rows_per_s"] / best, rel=1e-2)
+    assert result["ratio_to_best_direct"] <= result["ratio"] + 1e-3
     assert result["stored_rows_direct_rollups"] == result["sent_rows"]
     # the same rows both ways: the gRPC path and its like-for-like baseline roll up every value, the others none
     sums = result["rolled_up_rows"]
-    assert sums == {"grpc": result["sent_rows"], "rollups": result["sent_rows"], "direct": 0, "arrow": 0}
+    assert sums == {"grpc": result["sent_rows"], "rollups": result["sent_rows"], "direct": 0, "two": 0, "arrow": 0}
     assert result["ratio_same_rows"] == pytest.approx(
         result["grpc_rows_per_s"] / result["direct_rollups_rows_per_s"], rel=1e-2
     )

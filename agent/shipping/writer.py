@@ -27,6 +27,7 @@ from tracehouse.v1 import batch_pb2, ingest_pb2
 
 LARGE_BYTES = 1 << 20  # a request of this size or more counts against `concurrency`
 MAX_CALLS = 8
+LARGE_IN_FLIGHT = 4  # large requests in flight, by default
 
 
 class WriteFailed(Exception):
@@ -39,7 +40,11 @@ class WriteFailed(Exception):
 
 class BatchWriter:
     def __init__(
-        self, server: str, security: ClientSecurity | None = None, concurrency: int = 4, patience: float = 60.0
+        self,
+        server: str,
+        security: ClientSecurity | None = None,
+        concurrency: int = LARGE_IN_FLIGHT,
+        patience: float = 60.0,
     ) -> None:
         self.server = server
         self.security = security

@@ -3,7 +3,12 @@ same values straight into the store as the server inserts them (store/arrowinser
 process on the same data: the samples alone (`direct`), and the rows the store keeps for them, the
 samples and their rollups (`direct_rollups`: what a direct insert stored until 2026-12-02, when
 materialized views made the rollups of every insert). Beside them, the samples as the Arrow format,
-the baseline until 2026-12-07."""
+the baseline until 2026-12-07.
+
+Each path keeps `in_flight` calls or inserts in flight: by default as many as the writer of bulk
+batches, `tracehouse import`'s, keeps (agent/shipping/writer.py), which the group commit stores
+together. The direct insert is also run with two in flight (`direct_2`), where it did best on two
+cores, and the goal is judged against the better of the two."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from agent.shipping.writer import LARGE_IN_FLIGHT
 from ingest.commitpolicy import CommitPolicy
 from ingest.validate import validate_batch
 from store.arrowinsert import insert_arrow
@@ -65,7 +71,12 @@ def telemetry_batches(run_id: str, rows: int, batch_rows: int, t0: int) -> list[
 
 
 def bench_ingest(
-    rows: int, batch_rows: int, rounds: int, store_url: str | None, concurrency: int = 2, ack_once_stored: bool = False
+    rows: int,
+    batch_rows: int,
+    rounds: int,
+    store_url: str | None,
+    in_flight: int = LARGE_IN_FLIGHT,
+    ack_once_stored: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tracehouse-bench-") as folder:
         store = Store.open(store_url or f"chdb://{folder}/store", DEFAULT_LIMITS)
@@ -79,7 +90,7 @@ def bench_ingest(
         write = encoded_write(channel)  # the requests are encoded before the clock starts
         direct = store.location.client()
         try:
-            result = _run(rows, batch_rows, rounds, concurrency, store, write, direct)
+            result = _run(rows, batch_rows, rounds, in_flight, store, write, direct)
             return {**result, "ack_once_stored": ack_once_stored}
         finally:
             direct.close()
@@ -104,25 +115,26 @@ def _run(
     rows: int,
     batch_rows: int,
     rounds: int,
-    concurrency: int,
+    in_flight: int,
     store: Store,
     write: Callable[..., ingest_pb2.WriteResponse],
     direct: Any,
 ) -> dict[str, Any]:
     t0 = 1_790_000_000_000_000_000
-    rates: dict[str, list[float]] = {"grpc": [], "direct": [], "direct_rollups": [], "arrow_format": [], "encode": []}
-    # the process's CPU, all threads: the engine's too
-    cpu_s = dict.fromkeys(("grpc", "direct", "direct_rollups", "arrow_format"), 0.0)
+    paths = ("grpc", "direct", "direct_2", "direct_rollups", "arrow_format")
+    rates: dict[str, list[float]] = {name: [] for name in (*paths, "encode")}
+    cpu_s = dict.fromkeys(paths, 0.0)  # the process's CPU, all threads: the engine's too
     sent = 0
     for round_ in range(rounds):
         span = rows // (GPUS * len(METRICS)) * TICK_NS
-        start = t0 + round_ * 4 * span
+        start = t0 + round_ * 5 * span
         started = time.perf_counter()
         encoded = [encode_request(batch) for batch in telemetry_batches(f"grpc-{round_}", rows, batch_rows, start)]
         encode_seconds = time.perf_counter() - started
         tables = _samples(f"direct-{round_}", rows, batch_rows, start + span)
         as_format = _samples(f"arrow-{round_}", rows, batch_rows, start + 2 * span)
         with_rollups = _samples(f"rollups-{round_}", rows, batch_rows, start + 3 * span)
+        two_in_flight = _samples(f"two-{round_}", rows, batch_rows, start + 4 * span)
         values = sum(table.num_rows for table in tables)
         rates["encode"].append(values / encode_seconds)
 
@@ -145,10 +157,11 @@ def _run(
 
         # rotate which goes first, so that merges started by one do not tax only the next
         runs: list[tuple[str, Callable[[], None]]] = [
-            ("grpc", partial(_each, concurrency, send, encoded)),
-            ("direct", partial(_each, concurrency, insert, tables)),
-            ("direct_rollups", partial(_each, concurrency, insert_with_rollups, with_rollups)),
-            ("arrow_format", partial(_each, concurrency, insert_format, as_format)),
+            ("grpc", partial(_each, in_flight, send, encoded)),
+            ("direct", partial(_each, in_flight, insert, tables)),
+            ("direct_2", partial(_each, 2, insert, two_in_flight)),
+            ("direct_rollups", partial(_each, in_flight, insert_with_rollups, with_rollups)),
+            ("arrow_format", partial(_each, in_flight, insert_format, as_format)),
         ]
         for name, work in runs[round_ % len(runs) :] + runs[: round_ % len(runs)]:
             cpu_before = time.process_time()
@@ -160,15 +173,16 @@ def _run(
     rolled_up = _stored_per_path(
         store, f"SELECT splitByChar('-', run_id)[1] AS path, sum(count) AS n FROM {{db}}.{FINEST_ROLLUP}"
     )
-    grpc_rate, direct_rate, same_rows_rate = (
-        statistics.median(rates[name]) for name in ("grpc", "direct", "direct_rollups")
+    grpc_rate, direct_rate, two_rate, same_rows_rate = (
+        statistics.median(rates[name]) for name in ("grpc", "direct", "direct_2", "direct_rollups")
     )
+    best_direct = max(direct_rate, two_rate)
     return {
         **_stamp("ingest", "chdb", "grpcio"),
         "rows_per_round": rows,
         "batch_rows": batch_rows,
         "rounds": rounds,
-        "concurrency": concurrency,
+        "in_flight": in_flight,
         "grpc_rows_per_s": round(grpc_rate),
         "direct_rows_per_s": round(direct_rate),
         "ratio": round(grpc_rate / direct_rate, 3),
@@ -178,6 +192,11 @@ def _run(
         "grpc_cpu_us_per_row": round(cpu_s["grpc"] * 1e6 / sent, 3),
         "direct_cpu_us_per_row": round(cpu_s["direct"] * 1e6 / sent, 3),
         "cpu_ratio": round(cpu_s["direct"] / cpu_s["grpc"], 3),
+        # the direct insert with two in flight, and the better of the two direct rates: what the goal is against
+        "direct_2_in_flight_rows_per_s": round(two_rate),
+        "direct_2_in_flight_cpu_us_per_row": round(cpu_s["direct_2"] * 1e6 / sent, 3),
+        "ratio_to_best_direct": round(grpc_rate / best_direct, 3),
+        "cpu_ratio_to_best_direct": round(min(cpu_s["direct"], cpu_s["direct_2"]) / cpu_s["grpc"], 3),
         # the same rows stored both ways: the samples and their rollups, which the gRPC path makes and `direct`
         # leaves out (until 2026-12-02 materialized views made them of any insert, the direct one's too)
         "direct_rollups_rows_per_s": round(same_rows_rate),
@@ -193,13 +212,14 @@ def _run(
         "sent_rows": sent,
         "stored_rows": int(stored.get("grpc", 0)),
         "stored_rows_direct": int(stored.get("direct", 0)),
+        "stored_rows_direct_2": int(stored.get("two", 0)),
         "stored_rows_arrow_format": int(stored.get("arrow", 0)),
         "stored_rows_direct_rollups": int(stored.get("rollups", 0)),
         "rolled_up_rows": {path: rolled_up.get(path, 0) for path in stored},
         "goal": {
             "ratio": GOAL_RATIO,
             "values_per_s": GOAL_VALUES_PER_S,
-            "met": grpc_rate / direct_rate >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
+            "met": grpc_rate / best_direct >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
             "met_same_rows": grpc_rate / same_rows_rate >= GOAL_RATIO and grpc_rate >= GOAL_VALUES_PER_S,
         },
     }

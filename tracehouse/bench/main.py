@@ -27,7 +27,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if args.what == "ingest":
-        result = bench_ingest(args.rows, args.batch_rows, args.rounds, args.store, ack_once_stored=args.ack_once_stored)
+        result = bench_ingest(
+            args.rows, args.batch_rows, args.rounds, args.store, args.in_flight, ack_once_stored=args.ack_once_stored
+        )
         print(json.dumps(result, indent=2))
         return 0 if result["sent_rows"] == result["stored_rows"] else 1
     if args.what == "import":
