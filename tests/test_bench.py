@@ -11,14 +11,17 @@ from tracehouse.bench.ingest import bench_ingest
 from tracehouse.bench.query import bench_query
 
 
-@pytest.mark.parametrize("ack_once_stored", [False, True])
-def test_bench_ingest_runs_and_loses_nothing(ack_once_stored: bool) -> None:
-    result = bench_ingest(rows=50_000, batch_rows=10_000, rounds=2, store_url=None, ack_once_stored=ack_once_stored)
+@pytest.mark.parametrize(("ack_once_stored", "in_flight"), [(False, LARGE_IN_FLIGHT), (True, 2)])
+def test_bench_ingest_runs_and_loses_nothing(ack_once_stored: bool, in_flight: int) -> None:
+    result = bench_ingest(50_000, 10_000, 2, None, in_flight, ack_once_stored=ack_once_stored)
     assert result["sent_rows"] == result["stored_rows"] == 2 * (50_000 // 128) * 128
     assert result["stored_rows_direct"] == result["stored_rows_arrow_format"] == result["sent_rows"]
     assert result["stored_rows_direct_2"] == result["sent_rows"]
-    # every path keeps as many in flight as an import's writer; the goal is against the better direct insert
-    assert result["in_flight"] == LARGE_IN_FLIGHT
+    # by default every path keeps as many in flight as an import's writer; the goal is against the better direct insert
+    assert result["in_flight"] == in_flight
+    # every gRPC batch stored by a group commit, a group holding at least one
+    assert 1 <= result["grpc_groups"] <= 2 * 5
+    assert result["grpc_rows_per_group"] == round(result["sent_rows"] / result["grpc_groups"])
     best = max(result["direct_rows_per_s"], result["direct_2_in_flight_rows_per_s"])
     assert result["ratio_to_best_direct"] == pytest.approx(result["grpc_rows_per_s"] / best, rel=1e-2)
     assert result["ratio_to_best_direct"] <= result["ratio"] + 1e-3

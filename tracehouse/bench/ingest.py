@@ -91,7 +91,15 @@ def bench_ingest(
         direct = store.location.client()
         try:
             result = _run(rows, batch_rows, rounds, in_flight, store, write, direct)
-            return {**result, "ack_once_stored": ack_once_stored}
+            assert server.commit is not None
+            server.commit.settle_answered()  # the groups answered at the claim, stored
+            groups = server.commit.groups  # the gRPC path's: the direct inserts make none
+            return {
+                **result,
+                "grpc_groups": groups,  # how many batches a group commit took at once: what it shares its costs among
+                "grpc_rows_per_group": round(result["sent_rows"] / max(1, groups)),
+                "ack_once_stored": ack_once_stored,
+            }
         finally:
             direct.close()
             channel.close()

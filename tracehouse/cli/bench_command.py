@@ -20,7 +20,7 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
     ingest.add_argument(
-        "--in-flight", type=_positive, default=LARGE_IN_FLIGHT,
+        "--in-flight", type=_positive, default=LARGE_IN_FLIGHT, metavar="N",
         help=f"calls and direct inserts in flight on each path (default {LARGE_IN_FLIGHT}: as tracehouse import)",
     )  # fmt: skip
     ingest.add_argument(
