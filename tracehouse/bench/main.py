@@ -8,6 +8,7 @@ import signal
 import sys
 
 from agent.runs.children import Stopped, stop_on_signals
+from agent.shipping.writer import LARGE_IN_FLIGHT
 from tracehouse.bench.agent import bench_agent
 from tracehouse.bench.imports import bench_import, bench_import_kineto
 from tracehouse.bench.ingest import bench_ingest
@@ -28,7 +29,12 @@ def main(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.what == "ingest":
         result = bench_ingest(
-            args.rows, args.batch_rows, args.rounds, args.store, args.in_flight, ack_once_stored=args.ack_once_stored
+            args.rows,
+            args.batch_rows,
+            args.rounds,
+            args.store,
+            args.in_flight or LARGE_IN_FLIGHT,
+            ack_once_stored=args.ack_once_stored,
         )
         print(json.dumps(result, indent=2))
         return 0 if result["sent_rows"] == result["stored_rows"] else 1

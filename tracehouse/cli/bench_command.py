@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.shipping.writer import LARGE_IN_FLIGHT
 from ingest.admission import DEFAULT_MAX_PENDING_BYTES, DEFAULT_TARGET_MS
 from ingest.commitpolicy import DEFAULT_MAX_ROWS
 from tracehouse.cli.options import _ack_target_ms, _ack_within_ms, _positive, _seconds, _size, _size_text
@@ -20,8 +19,8 @@ def _add_bench(commands: Any) -> None:
     ingest.add_argument("--rounds", type=_positive, default=3)
     ingest.add_argument("--store", default=None, help="store URL (default: a temporary embedded store)")
     ingest.add_argument(
-        "--in-flight", type=_positive, default=LARGE_IN_FLIGHT, metavar="N",
-        help=f"calls and direct inserts in flight on each path (default {LARGE_IN_FLIGHT}: as tracehouse import)",
+        "--in-flight", type=_positive, default=None, metavar="N",
+        help="calls and direct inserts in flight on each path (default: as many as tracehouse import keeps)",
     )  # fmt: skip
     ingest.add_argument(
         "--ack-once-stored", action="store_true",
