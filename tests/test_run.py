@@ -424,7 +424,7 @@ def test_a_matrix_runs_every_entry_tags_them_and_prints_the_summary(
 ) -> None:
     matrix = tmp_path / "experiments.yaml"
     script = "import sys, time; from agent.telemetry.simulated import use_gpu;" \
-             " use_gpu(0, int(sys.argv[1]) << 30, 40); time.sleep(1.5); sys.exit(int(sys.argv[2]))"  # fmt: skip
+             " use_gpu(0, int(sys.argv[1]) << 30, 40); time.sleep(3); sys.exit(int(sys.argv[2]))"  # fmt: skip
     matrix.write_text(textwrap.dedent(f"""\
         defaults:
           gpus: "0"
