@@ -7,8 +7,8 @@ the baseline until 2026-12-07.
 
 Each path keeps `in_flight` calls or inserts in flight: by default as many as the writer of bulk
 batches, `tracehouse import`'s, keeps (agent/shipping/writer.py), which the group commit stores
-together. The direct insert is also run with two in flight (`direct_2`), where it did best on two
-cores, and the goal is judged against the better of the two."""
+together. The direct insert is also run with two in flight (`direct_2`, as the bench ran it before),
+and the goal is judged against the better of the two."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def bench_ingest(
             groups = server.commit.groups  # the gRPC path's: the direct inserts make none
             return {
                 **result,
-                "grpc_groups": groups,  # how many batches a group commit took at once: what it shares its costs among
+                "grpc_groups": groups,  # the group commits the gRPC path was stored in: each one's fixed costs shared
                 "grpc_rows_per_group": round(result["sent_rows"] / max(1, groups)),
                 "ack_once_stored": ack_once_stored,
             }
