@@ -58,18 +58,18 @@ def import_measured(path: Path, address: str, host: str) -> tuple[int, str, int]
     return done.returncode, "\n".join(said), int(peak) << 10
 
 
-def test_an_import_run_in_process_gives_the_collector_its_threshold_back(tmp_path: Path, address: str) -> None:
-    """`tracehouse import` collects young objects less often while it imports (agent/traces/importer.py
-    collecting_less): run in a process that goes on (as these tests run it), the threshold is as before,
-    after a file refused as after one imported."""
+def test_an_import_run_in_process_gives_the_collector_back(tmp_path: Path, address: str) -> None:
+    """`tracehouse import` holds the cycle collector off while it imports (agent/traces/tracefile.py
+    no_collection): run in a process that goes on (as these tests run it), the collector is on again
+    with its threshold as before, after a file refused as after one imported."""
     before = gc.get_threshold()
     trace = tmp_path / "small.pt.trace.json.gz"
     write_trace(trace, KinetoSpec(steps=2))
     assert main(["import", "--server", address, "--host", "threshold", str(trace)]) == 0
-    assert gc.get_threshold() == before
+    assert gc.isenabled() and gc.get_threshold() == before
     (tmp_path / "bad.json").write_text("[1, 2")
     assert main(["import", "--server", address, str(tmp_path / "bad.json")]) == 2
-    assert gc.get_threshold() == before
+    assert gc.isenabled() and gc.get_threshold() == before
 
 
 PANDAS_AT_EXIT = (
@@ -120,6 +120,32 @@ def test_an_import_leaves_pandas_unloaded_and_pandas_still_works_after(
     assert int(imported["n"][0]) > 0, "the watched export was imported"
     done = run_child(PANDAS_STILL_WORKS)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+THREADS_AFTER = """
+import os, sys
+{start}
+import pyarrow as pa
+pa.array([0])
+print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))
+"""
+
+
+def test_an_importer_starts_numpy_with_one_blas_thread_and_leaves_the_environment_as_it_was() -> None:
+    """OpenBLAS's pool spins for a tenth of a second of CPU at numpy's import, for nothing in an importer
+    (tracehouse/arrowonly.py): after arrow_without_pandas the process holds the threads of one started
+    with OPENBLAS_NUM_THREADS=1, and its environment (what a job it starts inherits) is as it was; a
+    user's own setting is kept."""
+    lean = "from tracehouse.arrowonly import arrow_without_pandas; arrow_without_pandas()"
+    done = run_child(THREADS_AFTER.format(start=lean))
+    assert done.returncode == 0, done.stderr[-2000:]
+    threads, setting = done.stdout.split()
+    assert setting == "None"
+    done = run_child(f"import os; os.environ['OPENBLAS_NUM_THREADS'] = '1'\n{THREADS_AFTER.format(start='')}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert threads == done.stdout.split()[0]
+    done = run_child(f"import os; os.environ['OPENBLAS_NUM_THREADS'] = '2'\n{THREADS_AFTER.format(start=lean)}")
+    assert done.stdout.split()[1] == "2"
 
 
 def test_huge_strings_of_an_export_are_cut_while_read(tmp_path: Path, address: str, client: Client) -> None:

@@ -12,8 +12,6 @@ is finished by running it again.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import json
 import queue
@@ -38,7 +36,6 @@ from tracehouse.v1 import batch_pb2
 
 Progress = Callable[[str, int, int], None]  # (source, rows done, rows expected)
 T = TypeVar("T")
-YOUNG_COLLECTION_EVERY = 10_000  # allocations (CPython's default: 700)
 
 
 class BatchSink(Protocol):
@@ -63,20 +60,6 @@ class ImportResult:
 
     def json(self) -> str:
         return json.dumps({k: v for k, v in self.__dict__.items() if k != "attrs"})
-
-
-@contextlib.contextmanager
-def collecting_less() -> Iterator[None]:
-    """Young objects collected every YOUNG_COLLECTION_EVERY allocations while imports run, and as
-    before once they end: a trace's rows are made of many short-lived lists and dicts, none in a
-    cycle, that the default threshold walked about 260 times for 1 M Kineto events (0.3 s of CPU;
-    0.1 s so). The setting is the process's: for `tracehouse import`, whose process runs nothing else."""
-    before = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_EVERY, *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def run_id_of(trace: Trace, host: str) -> str:

@@ -16,8 +16,6 @@ JSON after its events is refused as before."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import re
 from collections.abc import Iterator
 from decimal import Decimal
@@ -27,7 +25,7 @@ import ijson
 import msgspec
 
 from agent.traces.kineto_scan import SURROGATE, KinetoError, TraceText, one_line
-from agent.traces.tracefile import MAX_VALUE_BYTES
+from agent.traces.tracefile import MAX_VALUE_BYTES, no_collection
 
 READ_BYTES = 1 << 20
 MAX_PENDING = 2 * MAX_VALUE_BYTES + READ_BYTES  # an event and what may be around it
@@ -171,20 +169,6 @@ class _Rest:
         data = self._text.read(size)
         self._text.marks()
         return data
-
-
-@contextlib.contextmanager
-def no_collection() -> Iterator[None]:
-    """The garbage collector held off while a block is parsed: its thousands of new objects (args,
-    not the Events) would set off a collection every few hundred, each walking what is alive, for
-    nothing (a parse makes no cycles); one collection after the parse does instead."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _event(item: Any) -> Any:

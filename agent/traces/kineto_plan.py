@@ -172,9 +172,10 @@ class Plan:
             [self.names[at] for at in calling.tolist()],
             strict=True,
         )
-        self.link_calls: list[tuple[int, int, int, str] | None] = [None] * len(linked)
-        for where, call in zip(np.flatnonzero(codes[linked] == CUDA_API).tolist(), calls, strict=True):
-            self.link_calls[where] = call
+        next_call = calls.__next__
+        self.link_calls: list[tuple[int, int, int, str] | None] = [
+            next_call() if is_call else None for is_call in (codes[linked] == CUDA_API).tolist()
+        ]
         self.extras = {key: _sorted(pieces) for key, pieces in self._extras.items()}
 
     def _extra(self, key: str, at: Any, values: list[str]) -> None:
@@ -310,10 +311,9 @@ def _dims(values: list[Any]) -> bool:
 
 def _sorted(pieces: list[tuple[np.ndarray, list[str]]]) -> tuple[np.ndarray, list[str]]:
     """An extra's pieces as one, in the order of the events."""
+    if len(pieces) == 1:
+        return pieces[0]
     at = np.concatenate([piece[0] for piece in pieces])
     values = [value for piece in pieces for value in piece[1]]
-    if len(pieces) > 1:
-        order = np.argsort(at, kind="stable")
-        at = at[order]
-        values = [values[where] for where in order.tolist()]
-    return at, values
+    order = np.argsort(at, kind="stable")
+    return at[order], [values[where] for where in order.tolist()]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.runs.children import with_parent
-from tracehouse.bench.common import _child_environment, _stamp, _watch_rss, serving
+from tracehouse.bench.common import _child_environment, _stamp, _watch_rss, bytecode_cached, serving
 from tracehouse.bench.enginefloor import engine_floor
 from tracehouse.bench.keepercost import keeper_cpu_s
 from tracehouse.bench.readfloor import read_floor
@@ -107,6 +107,7 @@ def _rounds(
     import's JSON line and its figures against the floor, _against_floor), the fewest events any round
     stored, every round's sampled memory, and each round's figures: on this machine one round of the same
     import moves by a fifth against the next, and the median of three holds better than any one."""
+    bytecode_cached()
     seen = []
     for round_ in range(rounds):
         store_folder = Path(folder) / f"round-{round_}"

@@ -173,7 +173,7 @@ def run_demo_train(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     arrow_without_pandas()
-    from agent.traces.importer import collecting_less
+    from agent.traces.tracefile import no_collection
 
     job = None
     if args.job is not None:
@@ -184,7 +184,7 @@ def run_import(args: argparse.Namespace) -> int:
         except JobError as error:
             print(f"tracehouse: {error}", file=sys.stderr)
             return EXIT_USAGE
-    with collecting_less():
+    with no_collection():  # for `tracehouse import`, whose process runs nothing else
         return _import_files(args, job)
 
 
