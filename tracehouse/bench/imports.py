@@ -10,8 +10,8 @@ the sum of
 - reading: for an Nsight export, opening it as the importer does (the file's checks, the integrity
   check, the column rules, StringIds, the API-call link) and reading every row of its sources through
   SQLite/ADBC with the importer's SQL, unmapped; for a Kineto trace, the file's checks as the importer
-  makes them (hash, gzip, UTF-8, the JSON guard) and the text parsed whole with the importer's parser
-  (msgspec into its Event structs), unmapped (tracehouse/bench/readfloor.py).
+  makes them (hash, gzip, UTF-8, the JSON guard) and its events parsed block by block as the importer
+  parses them (msgspec into its Event structs), unmapped (tracehouse/bench/readfloor.py).
 For a Kineto trace both are per event of the file, as its rate is counted.
 
 The import's CPU against it (`floor_ratio`, the goal ≤ GOAL_FLOOR_RATIO) is the importer's and the
