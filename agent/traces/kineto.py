@@ -89,7 +89,6 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-import ijson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -107,7 +106,7 @@ from agent.traces.kineto_events import (
     to_ns,
     uint_below,
 )
-from agent.traces.kineto_scan import SURROGATE, KinetoError, TraceText, first_pass, head_members, one_line
+from agent.traces.kineto_scan import KinetoError, TraceText, first_pass, head_members, one_line
 from agent.traces.tracefile import Part
 from tracehouse.model import DEFAULT_LIMITS
 
@@ -250,15 +249,7 @@ class KinetoTrace:
     # -- opening ------------------------------------------------------------------------------
 
     def _metadata_members(self) -> dict[str, Any]:
-        text = TraceText(self.path, self._scan)
-        try:
-            head, self._lists_before = head_members(text, self.path.name) if self._scan.layout == "object" else ({}, 0)
-        except ijson.JSONError as error:
-            raise KinetoError(f"{self.path.name}: not valid JSON ({one_line(error)})") from None
-        except UnicodeDecodeError:
-            raise KinetoError(f"{self.path.name}: {SURROGATE}") from None
-        finally:
-            text.close()
+        head, self._lists_before = head_members(self.path, self._scan)
         return {**head, **self._scan.trailer}
 
     def _host(self) -> str:

@@ -239,9 +239,24 @@ def _value(events: Iterator[tuple[str, str, Any]], first: tuple[str, str, Any]) 
     return builder.value if tokens <= HEAD_TOKENS else None
 
 
-def head_members(text: TraceText, name: str) -> tuple[dict[str, Any], int]:
+def head_members(path: Path, scan: Scan) -> tuple[dict[str, Any], int]:
     """The top-level members before traceEvents, and how many of them are objects or lists (so
-    the events' list is the next top-level member's list: Marks.lists)."""
+    the events' list is the next top-level member's list: Marks.lists), read through a TraceText of
+    their own; none for a trace that is a bare list. Raises KinetoError."""
+    if scan.layout != "object":
+        return {}, 0
+    text = TraceText(path, scan)
+    try:
+        return _head_members(text, path.name)
+    except ijson.JSONError as error:
+        raise KinetoError(f"{path.name}: not valid JSON ({one_line(error)})") from None
+    except UnicodeDecodeError:
+        raise KinetoError(f"{path.name}: {SURROGATE}") from None
+    finally:
+        text.close()
+
+
+def _head_members(text: TraceText, name: str) -> tuple[dict[str, Any], int]:
     events = ijson.parse(text)
     _, event, _ = next(events)
     if event != "start_map":

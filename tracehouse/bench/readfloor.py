@@ -64,13 +64,7 @@ def _read_nsys(path: Path) -> int:
 
 def _read_kineto(path: Path) -> int:
     scan = first_pass(path)
-    lists_before = 0
-    if scan.layout == "object":
-        head = TraceText(path, scan)
-        try:
-            lists_before = head_members(head, path.name)[1]
-        finally:
-            head.close()
+    lists_before = head_members(path, scan)[1]
     text = TraceText(path, scan, marking=True)
     try:
         return sum(len(block) for block in EventBlocks(text, path.name, lists_before, scan.layout))
