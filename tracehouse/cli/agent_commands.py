@@ -25,6 +25,7 @@ from tracehouse.cli.options import (
     command_name,
     failed_call_exit,
 )
+from tracehouse.cli.stopping import wait_for_stop
 
 
 def _add_agent(commands: Any) -> None:
@@ -148,7 +149,7 @@ def run_agent(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     agent = Agent(agent_config, backend)
     agent.start()
-    stop.wait(args.duration)
+    wait_for_stop(stop, args.duration)
     print(json.dumps(agent.stop()), flush=True)
     return 0
 

@@ -47,6 +47,7 @@ from store.storeerrors import (
     StoreNotWritable,
     StoreUnavailable,
 )
+from tracehouse.cli.stopping import wait_for_stop
 from tracehouse.model import Limits
 from tracehouse.pushback import PUSHBACK_KEY, TRANSPORT_MAX_BYTES
 from tracehouse.requesterrors import QueryError, RunNotFound
@@ -379,7 +380,7 @@ def serve(
                     on_stop()
                 server.stop(0)
                 raise
-        stop.wait()
+        wait_for_stop(stop)
         if on_stop is not None:
             on_stop()
         log.info("stopping: finishing calls in flight (up to %g s)", grace)
