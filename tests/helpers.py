@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -131,6 +133,17 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, every: 
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(every)
+
+
+def signal_another_thread(pid: int, number: int) -> None:
+    """Send signal `number` to one of process `pid`'s threads other than its main one (tgkill), as the
+    kernel may hand a signal sent to the process; skips where the C library has no tgkill."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("this C library has no tgkill")
+    others = [int(task) for task in os.listdir(f"/proc/{pid}/task") if int(task) != pid]
+    assert others, f"process {pid} runs threads besides its main one"
+    assert tgkill(pid, others[-1], number) == 0, os.strerror(ctypes.get_errno())
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -32,7 +32,7 @@ from store.group import ALONE_ROWS
 from store.store import Store
 from tests.agent_helpers import Fates
 from tests.fuzz_worker import Sink
-from tests.helpers import telemetry, wait_until
+from tests.helpers import signal_another_thread, telemetry, wait_until
 from tracehouse.batch import encode_request
 from tracehouse.cli.main import main
 from tracehouse.cli.options import command_name
@@ -263,6 +263,30 @@ def test_an_agent_whose_spool_holds_a_fifo_ships_and_stops_on_sigterm(
         agent.kill()
     assert agent.returncode == 0, err[-2000:]
     assert "not a regular file (a FIFO); left alone" in err
+    assert json.loads(out)["stored"] > 0
+
+
+def test_an_agent_without_a_duration_stops_on_a_sigterm_that_another_thread_takes(
+    tmp_path: Path, address: str, client: Client
+) -> None:
+    """Without --duration the agent waits for a signal alone; one that the kernel hands to a thread
+    other than the main one (the sampler's, gRPC's) stops it as one sent to the process does."""
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "agent", "--server", address, "--simulate", "1", "--spool",
+         str(tmp_path / "spool"), "--host", "edge-other-thread", "--flush-interval", "0.2", "--no-host-metrics"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEHOUSE_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    try:
+        shipped = "SELECT count() AS n FROM samples WHERE host = 'edge-other-thread'"
+        wait_until(lambda: int(client.sql(shipped)["n"][0]) > 0, 30, "the agent shipped samples")
+        signal_another_thread(agent.pid, signal.SIGTERM)
+        out, err = agent.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the agent did not stop within 15 s of a SIGTERM taken by another thread")
+    finally:
+        agent.kill()
+    assert agent.returncode == 0, err[-2000:]
     assert json.loads(out)["stored"] > 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
+import itertools
 import os
 import re
 import signal
@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -20,10 +21,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from query.client import Client
-from tests.helpers import request, telemetry
-from tracehouse.v1 import ingest_pb2_grpc
+from tests.helpers import request, signal_another_thread, telemetry
+from tracehouse.v1 import ingest_pb2, ingest_pb2_grpc
 
 LISTENING = re.compile(r"listening on [\d.]+:(\d+)")
+LOGGED = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")  # logging's asctime
 
 
 @contextmanager
@@ -69,34 +71,43 @@ def health(address: str) -> int:
 
 def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
     rows_per_batch = 4 * 20_000
-    # enough that writers are still sending when the signal comes, however late the test thread sees 4 acks
-    requests = [request(telemetry(f"flight-{w}-{i}", n=20_000)) for w in range(4) for i in range(30)]
-    acknowledged: list[tuple[str, float, float]] = []  # batch id, call started, call answered
-    refused: list[grpc.StatusCode] = []
+    template = request(telemetry("flight", n=20_000))
+    calls: list[tuple[str, float, float, str]] = []  # batch id, call started, answered (wall clock), "ok" or the code
     # what this tests is the stop: no write is turned away because the store is behind (admission)
     with serve("--ack-target-ms", "600000", home=tmp_path) as (process, address, log):
         assert health(address) == health_pb2.HealthCheckResponse.SERVING
+        deadline = time.time() + 60
 
         def writer(worker: int) -> None:
+            """Writes until the stop refuses one: a writer has a call under way when the signal
+            comes, but for the moment between two calls."""
             with grpc.insecure_channel(address) as channel:
                 stub = ingest_pb2_grpc.IngestStub(channel)
-                for message in requests[worker::4]:
-                    started = time.monotonic()
+                for number in itertools.count():
+                    message = ingest_pb2.WriteRequest()
+                    message.CopyFrom(template)
+                    message.batch.batch_id = f"flight-{worker}-{number}"
+                    started = time.time()
+                    if started > deadline:
+                        return
                     try:
                         stub.Write(message, timeout=60)
                     except grpc.RpcError as error:
-                        refused.append(error.code())
+                        calls.append((message.batch.batch_id, started, time.time(), error.code().name))
                         return
-                    acknowledged.append((message.batch.batch_id, started, time.monotonic()))
+                    calls.append((message.batch.batch_id, started, time.time(), "ok"))
 
         threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
         for thread in threads:
             thread.start()
-        while len(acknowledged) < 4:
+        while sum(call[3] == "ok" for call in calls) < 4:
             time.sleep(0.01)
-        before_signal = time.monotonic()
+        # the writers' first calls end together, and their next ones start together: a call just
+        # sent is not yet the service's, and the stop refuses it. Half a call later each writer's is.
+        took = sorted(answered - started for _, started, answered, outcome in calls if outcome == "ok")
+        time.sleep(took[len(took) // 2] / 2)
+        signalled = time.time()
         process.send_signal(signal.SIGTERM)
-        after_signal = time.monotonic()
         for thread in threads:
             thread.join(timeout=120)
         try:
@@ -104,14 +115,29 @@ def test_sigterm_finishes_writes_in_flight_and_loses_nothing_acknowledged(tmp_pa
         except subprocess.TimeoutExpired:
             pytest.fail("serve did not stop within 60 s of SIGTERM; the end of its log:\n" + "".join(log[-60:]))
         assert code == 0, "".join(log[-60:])
-    in_flight = [ack for ack in acknowledged if ack[1] < before_signal and ack[2] > after_signal]
-    assert in_flight, "calls under way when the signal came were finished and acknowledged"
-    # a call that arrives while the server stops is refused, and a sender retries it
-    assert set(refused) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+    # the server logs that it stops just before it refuses new calls and lets those under way finish:
+    # a call started before the signal and answered after that line (its time, to the ms, cut) was finished
+    stopping = [LOGGED.match(line) for line in log if "stopping: finishing calls in flight" in line]
+    assert stopping and stopping[0], "".join(log[-30:])
+    stopped_at = datetime.strptime(stopping[0].group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() + 0.001
+    acknowledged = [call for call in calls if call[3] == "ok"]
+    finished = [call for call in acknowledged if call[1] < signalled and call[2] > stopped_at]
+    around = [
+        f"{batch_id}: {1000 * (started - signalled):+.1f} .. {1000 * (answered - signalled):+.1f} ms {outcome}"
+        for batch_id, started, answered, outcome in calls
+        if answered > signalled - 1
+    ]
+    assert finished, (
+        f"no call under way at the signal was finished once the server stopped "
+        f"({1000 * (stopped_at - signalled):+.0f} ms); calls around the signal:\n" + "\n".join(around)
+    )
+    # a call that arrives while the server stops, or one not yet handed to the service, is refused,
+    # and a sender retries it
+    assert {call[3] for call in calls} <= {"ok", "UNAVAILABLE", "CANCELLED"}, "\n".join(around)
     with serve(home=tmp_path) as (_, address, _), Client(address) as client:
         batches = client.sql("SELECT batch_id, samples FROM ingest_batches")
         samples = int(client.sql("SELECT count() AS n FROM samples")["n"][0])
-    assert {ack[0] for ack in acknowledged} <= set(batches["batch_id"]), "every acknowledged batch is stored"
+    assert {call[0] for call in acknowledged} <= set(batches["batch_id"]), "every acknowledged batch is stored"
     assert samples == batches["samples"].sum() == rows_per_batch * len(batches), "no batch is half-stored"
 
 
@@ -119,14 +145,9 @@ def test_sigterm_that_another_thread_takes_still_stops_the_server(tmp_path: Path
     """The kernel hands a process's signal to any of its threads; Python runs the handler in the main
     thread only once it wakes. A SIGTERM sent to one of serve's other threads (gRPC's, the engine's)
     stops it as one sent to the process does (it left an untimed wait asleep: about one stop in ten)."""
-    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
-    if tgkill is None:
-        pytest.skip("this C library has no tgkill")
     with serve(home=tmp_path) as (process, address, log):
         assert health(address) == health_pb2.HealthCheckResponse.SERVING
-        others = [int(task) for task in os.listdir(f"/proc/{process.pid}/task") if int(task) != process.pid]
-        assert others, "serve runs threads besides its main one"
-        assert tgkill(process.pid, others[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        signal_another_thread(process.pid, signal.SIGTERM)
         try:
             assert process.wait(timeout=30) == 0, "".join(log[-30:])
         except subprocess.TimeoutExpired:
