@@ -6,6 +6,7 @@ its stored events) to one JSON file: run it before and after a change to the imp
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -18,7 +19,7 @@ from agent.runs.children import with_parent
 from tracehouse.bench.common import _child_environment, serving
 from tracehouse.cli.main import main
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 ANSWERS = ("kernels", "api", "memops", "memsize", "nvtx", "gpu-time")
 DIGEST = (
     "SELECT kind, count() AS n, sum(cityHash64(start, end, gpu, stream, pid, tid, name, correlation_id, bytes, "
@@ -56,5 +57,11 @@ def answers(files: list[Path]) -> dict[str, dict[str, str]]:
 
 
 if __name__ == "__main__":
-    files = sorted((FIXTURES / "nsys").glob("*.sqlite")) + sorted((FIXTURES / "kineto").glob("*.json*"))
-    Path(sys.argv[1]).write_text(json.dumps(answers(files), indent=1, sort_keys=True))
+    parser = argparse.ArgumentParser(prog="python -m tools.fixture_answers", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, metavar="OUT.json", help="where the answers are written")
+    parser.add_argument("--fixtures", type=Path, default=FIXTURES, help="the fixtures' folder (default %(default)s)")
+    args = parser.parse_args()
+    files = sorted((args.fixtures / "nsys").glob("*.sqlite")) + sorted((args.fixtures / "kineto").glob("*.json*"))
+    if not files:
+        parser.error(f"--fixtures: no Nsight export or Kineto trace in {args.fixtures}/nsys or {args.fixtures}/kineto")
+    args.out.write_text(json.dumps(answers(files), indent=1, sort_keys=True))

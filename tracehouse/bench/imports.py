@@ -28,6 +28,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def bench_import(events: int, path: Path | None, rounds: int = 1) -> dict[str, A
         started = time.perf_counter()
         scanned = _scan(path, source_tables)
         scan_seconds = time.perf_counter() - started
-        result, stored, peak_rss, floor, rounds_seen = _rounds(path, folder, "nsys", rounds)
+        measured = _rounds(path, folder, "nsys", rounds)
+    result = measured.result
     import_seconds = result["seconds"]
     imported = sum(result["events"].values())
     scan_rate = scanned / scan_seconds
@@ -82,15 +84,13 @@ def bench_import(events: int, path: Path | None, rounds: int = 1) -> dict[str, A
         **_stamp("import"),
         "file_bytes": file_bytes,
         "events": imported,
-        "stored_events": stored,
+        "stored_events": measured.fewest_stored,
         "import_seconds": round(import_seconds, 2),
         "import_events_per_s": round(import_rate),
         "sqlite3_scan_rows": scanned,
         "sqlite3_scan_rows_per_s": round(scan_rate),
         "ratio": round(import_rate / scan_rate, 3),
-        **floor,
-        **rounds_seen,
-        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        **measured.figures(),
         "goal": {
             "ratio": GOAL_IMPORT_RATIO,
             "events_per_s": GOAL_IMPORT_EVENTS_PER_S,
@@ -99,14 +99,26 @@ def bench_import(events: int, path: Path | None, rounds: int = 1) -> dict[str, A
     }
 
 
-def _rounds(
-    path: Path, folder: str, kind: str, rounds: int, counted: int = 0
-) -> tuple[dict[str, Any], int, list[int], dict[str, Any], dict[str, Any]]:
+@dataclass(frozen=True)
+class Rounds:
+    """What _rounds measured: the median round's import (its JSON line), the fewest events any round
+    stored, and the figures against the floor that every `bench import` reports (figures())."""
+
+    result: dict[str, Any]
+    fewest_stored: int
+    peak_rss: list[int]  # every round's sampled memory
+    floor: dict[str, Any]  # the median round's figures against the floor (_against_floor)
+    each_round: dict[str, Any]
+
+    def figures(self) -> dict[str, Any]:
+        return {**self.floor, **self.each_round, "importer_peak_rss_mb": round(max(self.peak_rss) / 2**20, 1)}
+
+
+def _rounds(path: Path, folder: str, kind: str, rounds: int, counted: int = 0) -> Rounds:
     """`rounds` times, each on a store of its own: the file read as no importer avoids, imported, and its
-    events stored again by the engine alone. The round whose `floor_ratio` is the median of theirs (its
-    import's JSON line and its figures against the floor, _against_floor), the fewest events any round
-    stored, every round's sampled memory, and each round's figures: on this machine one round of the same
-    import moves by a fifth against the next, and the median of three holds better than any one."""
+    events stored again by the engine alone. The round whose `floor_ratio` is the median of theirs is the
+    one reported, with each round's figures beside it: on this machine one round of the same import moves
+    by a fifth against the next, and the median of three holds better than any one."""
     bytecode_cached()
     seen = []
     for round_ in range(rounds):
@@ -120,12 +132,12 @@ def _rounds(
         seen.append((result, stored, peak_rss, floor))
     result, _, _, floor = sorted(seen, key=lambda one: one[3]["floor_ratio"])[len(seen) // 2]
     in_order = [one[3] for one in seen]
-    return (
-        result,
-        min(one[1] for one in seen),
-        [rss for one in seen for rss in one[2]],
-        floor,
-        {
+    return Rounds(
+        result=result,
+        fewest_stored=min(one[1] for one in seen),
+        peak_rss=[rss for one in seen for rss in one[2]],
+        floor=floor,
+        each_round={
             "rounds": rounds,
             "floor_ratio_rounds": [one["floor_ratio"] for one in in_order],
             "import_cpu_us_per_event_rounds": [one["import_cpu_us_per_event"] for one in in_order],
@@ -269,7 +281,8 @@ def bench_import_kineto(events: int, path: Path | None, rounds: int = 1) -> dict
         in_file = len(trace["traceEvents"] if isinstance(trace, dict) else trace)
         load_seconds = time.perf_counter() - started
         del trace
-        result, stored, peak_rss, floor, rounds_seen = _rounds(path, folder, "kineto", rounds, counted=in_file)
+        measured = _rounds(path, folder, "kineto", rounds, counted=in_file)
+    result = measured.result
     imported = sum(result["events"].values())
     import_rate = in_file / result["seconds"]
     load_rate = in_file / load_seconds
@@ -279,15 +292,13 @@ def bench_import_kineto(events: int, path: Path | None, rounds: int = 1) -> dict
         "json_load_events": in_file,
         "events": imported,
         "skipped": result["skipped"],
-        "stored_events": stored,
+        "stored_events": measured.fewest_stored,
         "import_seconds": round(result["seconds"], 2),
         "import_events_per_s": round(import_rate),
         "json_load_seconds": round(load_seconds, 2),
         "json_load_events_per_s": round(load_rate),
         "ratio": round(import_rate / load_rate, 3),
-        **floor,
-        **rounds_seen,
-        "importer_peak_rss_mb": round(max(peak_rss) / 2**20, 1),
+        **measured.figures(),
         "goal": {
             "ratio": GOAL_KINETO_RATIO,
             "events_per_s": GOAL_KINETO_EVENTS_PER_S,
