@@ -242,26 +242,39 @@ def test_a_forged_value_count_is_not_believed_though_its_checksum_holds(
     assert spool.oldest() == earlier(3)
 
 
+def _shipping_agent_stopped(
+    tmp_path: Path, address: str, client: Client, spool: Path, host: str, stop: Callable[[int], None]
+) -> tuple[int, str, str]:
+    """`tracehouse agent` without --duration, simulating one GPU as `host`: once its samples are
+    stored, `stop(pid)`; its exit status, stdout and stderr (fails if it does not stop within 15 s)."""
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "tracehouse.cli", "agent", "--server", address, "--simulate", "1", "--spool",
+         str(spool), "--host", host, "--flush-interval", "0.2", "--no-host-metrics"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEHOUSE_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    try:
+        shipped = f"SELECT count() AS n FROM samples WHERE host = '{host}'"
+        wait_until(lambda: int(client.sql(shipped)["n"][0]) > 0, 30, "the agent shipped samples")
+        stop(agent.pid)
+        out, err = agent.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the agent did not stop within 15 s of its signal")
+    finally:
+        agent.kill()
+    return agent.returncode, out, err
+
+
 def test_an_agent_whose_spool_holds_a_fifo_ships_and_stops_on_sigterm(
     tmp_path: Path, address: str, client: Client
 ) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
     os.mkfifo(spool / "00000000000000000001.batch")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "agent", "--server", address, "--simulate", "1", "--spool",
-         str(spool), "--host", "edge-agent", "--flush-interval", "0.2", "--no-host-metrics"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEHOUSE_HOME": str(tmp_path / "home")},
-    )  # fmt: skip
-    try:
-        shipped = "SELECT count() AS n FROM samples WHERE host = 'edge-agent'"
-        wait_until(lambda: int(client.sql(shipped)["n"][0]) > 0, 30, "the agent shipped samples")
-        agent.send_signal(signal.SIGTERM)
-        out, err = agent.communicate(timeout=15)
-    finally:
-        agent.kill()
-    assert agent.returncode == 0, err[-2000:]
+    code, out, err = _shipping_agent_stopped(
+        tmp_path, address, client, spool, "edge-agent", lambda pid: os.kill(pid, signal.SIGTERM)
+    )
+    assert code == 0, err[-2000:]
     assert "not a regular file (a FIFO); left alone" in err
     assert json.loads(out)["stored"] > 0
 
@@ -271,22 +284,11 @@ def test_an_agent_without_a_duration_stops_on_a_sigterm_that_another_thread_take
 ) -> None:
     """Without --duration the agent waits for a signal alone; one that the kernel hands to a thread
     other than the main one (the sampler's, gRPC's) stops it as one sent to the process does."""
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "tracehouse.cli", "agent", "--server", address, "--simulate", "1", "--spool",
-         str(tmp_path / "spool"), "--host", "edge-other-thread", "--flush-interval", "0.2", "--no-host-metrics"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEHOUSE_HOME": str(tmp_path / "home")},
+    code, out, err = _shipping_agent_stopped(
+        tmp_path, address, client, tmp_path / "spool", "edge-other-thread",
+        lambda pid: signal_another_thread(pid, signal.SIGTERM),
     )  # fmt: skip
-    try:
-        shipped = "SELECT count() AS n FROM samples WHERE host = 'edge-other-thread'"
-        wait_until(lambda: int(client.sql(shipped)["n"][0]) > 0, 30, "the agent shipped samples")
-        signal_another_thread(agent.pid, signal.SIGTERM)
-        out, err = agent.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the agent did not stop within 15 s of a SIGTERM taken by another thread")
-    finally:
-        agent.kill()
-    assert agent.returncode == 0, err[-2000:]
+    assert code == 0, err[-2000:]
     assert json.loads(out)["stored"] > 0
 
 
